@@ -1,0 +1,147 @@
+"""Start, watch and stop one vLLM tier process (the I/O side of ``vllm_args``)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from backends.vllm_args import TierLaunch, build_argv, build_env
+
+
+class TierStartError(RuntimeError):
+    """A tier that could not start; the message is one line naming the tier and the cause."""
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise ``TierStartError`` when something already listens on ``host:port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise TierStartError(f"port {port} is already in use on {host}") from exc
+            raise TierStartError(f"cannot bind {host}:{port}: {exc.strerror}") from exc
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (for tests and ad-hoc runs)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _last_error_line(log: Path) -> str:
+    """The most telling line of a dead server's log: its last error, else its last line."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines()]
+    except OSError:
+        return "no log"
+    lines = [line for line in lines if line]
+    for line in reversed(lines):
+        if "Error" in line or "error:" in line:
+            return line[-300:]
+    return lines[-1][-300:] if lines else "empty log"
+
+
+@dataclass
+class TierProcess:
+    """One running vLLM server. ``start`` → ``wait_ready`` → ``stop``."""
+
+    launch: TierLaunch
+    python: Path
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.launch.host}:{self.launch.port}"
+
+    def start(self) -> None:
+        """Spawn the server in its own process group (so ``stop`` reaches its workers)."""
+        check_port_free(self.launch.host, self.launch.port)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                build_argv(self.python, self.launch),
+                env=build_env(self.launch, dict(os.environ)),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def wait_ready(
+        self, timeout: float = 300.0, on_tick: Callable[[float], None] | None = None
+    ) -> None:
+        """Poll ``/health`` until 200; fail fast with the log's last error if the server dies."""
+        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        with httpx.Client(timeout=2.0, trust_env=False) as client:
+            while time.monotonic() < deadline:
+                if not self.alive():
+                    code = self.process.returncode if self.process else None
+                    raise TierStartError(
+                        f"tier {self.launch.name} exited during start (code {code}): "
+                        f"{_last_error_line(self.log_path)} (log: {self.log_path})"
+                    )
+                try:
+                    if client.get(f"{self.base_url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if on_tick:
+                    on_tick(time.monotonic() - started)
+                time.sleep(1.0)
+        self.stop()
+        raise TierStartError(
+            f"tier {self.launch.name} not healthy after {timeout:.0f}s (log: {self.log_path})"
+        )
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGTERM the whole process group, then SIGKILL what is left after ``grace``."""
+        if self.process is None:
+            return
+        pgid = self.process.pid
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            _signal_group(pgid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+        # Workers may outlive the API server for a moment; make sure none stays behind.
+        deadline = time.monotonic() + grace
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _group_alive(pgid):
+            _signal_group(pgid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while _group_alive(pgid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

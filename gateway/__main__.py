@@ -1,0 +1,29 @@
+"""``python -m gateway --config gateway.yaml [--host 127.0.0.1] [--port 8000]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gateway.app import serve
+from gateway.config import ConfigError, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, load the config, serve; exit code 2 on usage or config errors."""
+    parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__)
+    parser.add_argument("--config", required=True, help="YAML file with a GatewayConfig")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    serve(config, host=args.host, port=args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

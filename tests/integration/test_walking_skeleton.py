@@ -1,0 +1,89 @@
+"""The whole path once: official openai client → gateway → vLLM-CPU tier → SmolLM2."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.conftest import Stack, start_stack, stop_stack, survivors
+
+pytestmark = pytest.mark.integration
+MODEL = "SmolLM2-135M-Instruct"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def _client(stack: Stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.gateway_url}/v1", api_key="unused", timeout=120)
+
+
+def test_chat_answer_from_the_real_model(stack: Stack) -> None:
+    reply = _client(stack).chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=30,  # type: ignore[arg-type]
+    )
+    assert "Paris" in (reply.choices[0].message.content or "")
+    assert reply.usage is not None and reply.usage.completion_tokens > 0
+
+
+def test_streamed_chat_arrives_in_several_chunks_ending_with_done(stack: Stack) -> None:
+    chunks = list(
+        _client(stack).chat.completions.create(
+            model=MODEL,
+            messages=QUESTION,  # type: ignore[arg-type]
+            temperature=0,
+            max_tokens=30,
+            stream=True,
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(chunks) > 3
+    assert "Paris" in text
+    # The raw SSE stream ends with the [DONE] sentinel (the openai client hides it).
+    with httpx.stream(
+        "POST",
+        f"{stack.gateway_url}/v1/chat/completions",
+        json={"model": MODEL, "messages": QUESTION, "max_tokens": 8, "stream": True},
+        timeout=120,
+    ) as resp:
+        events = [line for line in resp.iter_lines() if line.startswith("data: ")]
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    assert len(events) > 2 and events[-1] == "data: [DONE]"
+
+
+def test_completions_and_models_relay(stack: Stack) -> None:
+    client = _client(stack)
+    completion = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=5, temperature=0
+    )
+    assert "Paris" in completion.choices[0].text
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_tier_listens_on_loopback_only(stack: Stack) -> None:
+    import psutil
+
+    port = int(stack.tier_url.rsplit(":", 1)[1])
+    listeners = [
+        c.laddr.ip
+        for c in psutil.net_connections("inet")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+    ]
+    assert listeners == ["127.0.0.1"]
+
+
+def test_sigterm_shutdown_leaves_no_vllm_process(tmp_path: Path) -> None:
+    own = start_stack(tmp_path / "up.log")
+    assert len(own.descendants) >= 2, "expected the vLLM server and its engine process"
+    code = stop_stack(own, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while survivors(own.descendants) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert survivors(own.descendants) == []
+    assert code != 0 or "stopping tiers" in own.log_text()

@@ -1,0 +1,64 @@
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from backends.process import TierProcess, TierStartError, _group_alive, check_port_free
+from backends.vllm_args import TierLaunch
+
+
+def test_port_in_use_is_named() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(TierStartError, match=f"port {port} is already in use on 127.0.0.1"):
+            check_port_free("127.0.0.1", port)
+
+
+def _fake_python(tmp_path: Path, body: str) -> Path:
+    """A stand-in interpreter that ignores vLLM's argv and runs ``body``."""
+    script = tmp_path / "python"
+    script.write_text(f"#!{sys.executable}\n{body}\n")
+    script.chmod(0o755)
+    return script
+
+
+def _tier(tmp_path: Path, python: Path) -> TierProcess:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    launch = TierLaunch(name="int4", model_dir=tmp_path, served_model_name="m", port=port)
+    return TierProcess(launch, python, tmp_path / "tier.log")
+
+
+def test_server_dying_during_start_reports_its_error(tmp_path: Path) -> None:
+    python = _fake_python(
+        tmp_path, "import sys\nprint('ValueError: unsupported architecture Nope')\nsys.exit(3)"
+    )
+    tier = _tier(tmp_path, python)
+    tier.start()
+    started = time.monotonic()
+    with pytest.raises(TierStartError, match=r"tier int4 exited during start \(code 3\).*Nope"):
+        tier.wait_ready(timeout=30)
+    assert time.monotonic() - started < 10
+
+
+def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
+    # The parent spawns a child that ignores SIGTERM, like a stuck worker.
+    body = (
+        "import signal, subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', "
+        "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'])\n"
+        "time.sleep(60)"
+    )
+    tier = _tier(tmp_path, _fake_python(tmp_path, body))
+    tier.start()
+    time.sleep(0.5)
+    assert tier.process is not None
+    pgid = tier.process.pid
+    assert _group_alive(pgid)
+    tier.stop(grace=1.0)
+    assert not _group_alive(pgid)

@@ -1,0 +1,53 @@
+from pathlib import Path
+
+from backends.vllm_args import TierLaunch, build_argv, build_env
+
+
+def _launch(**kw: object) -> TierLaunch:
+    base: dict[str, object] = {
+        "name": "fp16",
+        "model_dir": Path("/m"),
+        "served_model_name": "smol",
+        "port": 8101,
+    }
+    base.update(kw)
+    return TierLaunch(**base)  # type: ignore[arg-type]
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_cpu_tier_is_eager_loopback_with_kv_bytes() -> None:
+    argv = build_argv(Path("/env/bin/python"), _launch(kv_cache_memory_bytes=123))
+    assert argv[:3] == ["/env/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert "--enforce-eager" in argv
+    assert _flag(argv, "--host") == "127.0.0.1"
+    assert _flag(argv, "--port") == "8101"
+    assert _flag(argv, "--kv-cache-memory-bytes") == "123"
+    assert _flag(argv, "--served-model-name") == "smol"
+    assert "--gpu-memory-utilization" not in argv
+
+
+def test_gpu_tier_uses_memory_share_and_no_eager() -> None:
+    argv = build_argv(Path("p"), _launch(device="cuda", gpu_memory_utilization=0.3))
+    assert _flag(argv, "--gpu-memory-utilization") == "0.3"
+    assert "--enforce-eager" not in argv
+    assert "--kv-cache-memory-bytes" not in argv
+
+
+def test_optional_limits_and_kv_dtype_only_when_set() -> None:
+    plain = build_argv(Path("p"), _launch())
+    assert "--max-num-batched-tokens" not in plain and "--kv-cache-dtype" not in plain
+    argv = build_argv(Path("p"), _launch(max_num_batched_tokens=512, kv_cache_dtype="fp8"))
+    assert _flag(argv, "--max-num-batched-tokens") == "512"
+    assert _flag(argv, "--kv-cache-dtype") == "fp8"
+
+
+def test_env_is_offline_dev_mode_and_drops_kv_space_override() -> None:
+    env = build_env(_launch(cpu_threads="0-1"), {"VLLM_CPU_KVCACHE_SPACE": "4", "PATH": "/bin"})
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert env["PATH"] == "/bin"

@@ -1,0 +1,241 @@
+"""Fixtures for gateway tests: a vLLM look-alike stub tier and real uvicorn servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway.app import create_app
+from gateway.config import GatewayConfig, TierEndpoint
+
+MODEL = "stub-model"
+WAIT = 10.0  # upper bound for any event a test waits on
+
+
+class StubDied(Exception):
+    """Raised inside the stub's stream to drop the connection mid-answer."""
+
+
+class StubTier:
+    """Mimics vLLM's OpenAI server and records what it saw.
+
+    ``mode`` picks the behaviour of the completion endpoints:
+    ``normal``; ``slow`` (a long stream, one chunk every 50 ms); ``die`` (two chunks, then the
+    connection drops); ``unavailable`` (503); ``hang`` (no answer until the client leaves);
+    ``bad_request`` (400 in vLLM's flat error shape).
+    """
+
+    def __init__(self, model: str = MODEL) -> None:
+        self.model = model
+        self.mode = "normal"
+        self.health_status = 200
+        self.chunks = 3
+        self.requests: list[dict[str, Any]] = []
+        self.stream_started = threading.Event()
+        self.stream_finished = threading.Event()
+        self.stream_cancelled = threading.Event()
+        self.request_aborted = threading.Event()
+        self.url = ""
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/health", self._health, methods=["GET"]),
+            ]
+        )
+
+    @property
+    def last_request(self) -> dict[str, Any]:
+        assert self.requests, "the stub received no request"
+        return self.requests[-1]
+
+    async def _chat(self, request: Request) -> Response:
+        return await self._answer(request, chat=True)
+
+    async def _completions(self, request: Request) -> Response:
+        return await self._answer(request, chat=False)
+
+    async def _answer(self, request: Request, chat: bool) -> Response:
+        body = await request.json()
+        self.requests.append(
+            {"path": request.url.path, "headers": dict(request.headers), "body": body}
+        )
+        if self.mode == "unavailable":
+            return JSONResponse({"error": {"message": "busy"}}, status_code=503)
+        if self.mode == "bad_request":
+            flat = {"object": "error", "message": "bad max_tokens", "type": "BadRequestError"}
+            return JSONResponse({**flat, "param": "max_tokens", "code": 400}, status_code=400)
+        if self.mode == "hang":
+            with anyio.move_on_after(WAIT):
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+                self.request_aborted.set()
+            return JSONResponse({"error": {"message": "too late"}}, status_code=500)
+        if body.get("stream"):
+            return StreamingResponse(self._stream(chat), media_type="text/event-stream")
+        return JSONResponse(self._whole(chat))
+
+    def _whole(self, chat: bool) -> dict[str, Any]:
+        usage = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
+        if chat:
+            message = {"role": "assistant", "content": "The capital of France is Paris."}
+            choice = {"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}
+            kind = "chat.completion"
+        else:
+            choice = {"index": 0, "text": " Paris.", "finish_reason": "stop", "logprobs": None}
+            kind = "text_completion"
+        return {
+            "id": "cmpl-stub",
+            "object": kind,
+            "created": 1,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage,
+        }
+
+    def _chunk(self, chat: bool, index: int, last: bool) -> bytes:
+        finish = "stop" if last else None
+        if chat:
+            delta = {} if last else {"content": f"w{index} "}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+            kind = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": "" if last else f"w{index} ", "finish_reason": finish}
+            kind = "text_completion"
+        chunk = {"id": "cmpl-stub", "object": kind, "created": 1, "model": self.model}
+        return f"data: {json.dumps({**chunk, 'choices': [choice]})}\n\n".encode()
+
+    async def _stream(self, chat: bool) -> AsyncIterator[bytes]:
+        self.stream_started.set()
+        count = 400 if self.mode == "slow" else self.chunks
+        try:
+            for index in range(count):
+                if self.mode == "slow":
+                    await asyncio.sleep(0.05)
+                if self.mode == "die" and index == 2:
+                    raise StubDied("stub tier dropped the connection")
+                yield self._chunk(chat, index, last=False)
+            yield self._chunk(chat, count, last=True)
+            yield b"data: [DONE]\n\n"
+            self.stream_finished.set()
+        except (GeneratorExit, asyncio.CancelledError):
+            self.stream_cancelled.set()
+            raise
+
+    async def _models(self, request: Request) -> Response:
+        entry = {"id": self.model, "object": "model", "created": 1, "owned_by": "vllm"}
+        return JSONResponse({"object": "list", "data": [entry]})
+
+    async def _health(self, request: Request) -> Response:
+        return Response(status_code=self.health_status)
+
+
+class ServerThread:
+    """Runs an ASGI app with uvicorn on 127.0.0.1 (a free port) in a background thread."""
+
+    def __init__(self, app: Any) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+
+    def start(self) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + WAIT
+        while not self.server.started:  # uvicorn exposes no event for this
+            assert self.thread.is_alive(), "uvicorn exited during startup"
+            assert time.monotonic() < deadline, "uvicorn did not start in time"
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(WAIT)
+        if self.thread.is_alive():
+            self.server.force_exit = True
+            self.thread.join(WAIT)
+        self.sock.close()
+        assert not self.thread.is_alive(), "uvicorn did not stop"
+
+
+@pytest.fixture
+def start_server() -> Iterator[Callable[[Any], str]]:
+    """Start an ASGI app on 127.0.0.1; returns its base URL. Stopped after the test."""
+    servers: list[ServerThread] = []
+
+    def start(app: Any) -> str:
+        server = ServerThread(app)
+        server.start()
+        servers.append(server)
+        return server.url
+
+    yield start
+    for server in reversed(servers):
+        server.stop()
+
+
+@pytest.fixture
+def make_stub(start_server: Callable[[Any], str]) -> Callable[[], StubTier]:
+    """Start another stub tier."""
+
+    def make() -> StubTier:
+        stub = StubTier()
+        stub.url = start_server(stub.app)
+        return stub
+
+    return make
+
+
+@pytest.fixture
+def stub(make_stub: Callable[[], StubTier]) -> StubTier:
+    return make_stub()
+
+
+@pytest.fixture
+def refused_url() -> Iterator[str]:
+    """A 127.0.0.1 URL whose port is bound but not listening: connections are refused."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+
+
+@pytest.fixture
+def start_gateway(start_server: Callable[[Any], str]) -> Callable[..., str]:
+    """Start the real gateway over the given tier URLs (named t0, t1, ...); returns its URL."""
+
+    def start(*tier_urls: str, **overrides: Any) -> str:
+        tiers = [TierEndpoint(name=f"t{i}", base_url=url) for i, url in enumerate(tier_urls)]
+        config = GatewayConfig(model_name=MODEL, tiers=tiers, **overrides)
+        return start_server(create_app(config))
+
+    return start
+
+
+@pytest.fixture
+def client() -> Iterator[httpx.Client]:
+    """A plain HTTP client (no env proxies) with bounded timeouts."""
+    with httpx.Client(trust_env=False, timeout=WAIT) as http:
+        yield http

@@ -1,0 +1,92 @@
+"""GatewayConfig validation and YAML loading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from gateway.config import ConfigError, GatewayConfig, TierEndpoint, load_config
+
+
+def test_defaults_and_url_normalisation() -> None:
+    config = GatewayConfig(
+        model_name="m", tiers=[TierEndpoint(name="fp16", base_url=" http://127.0.0.1:8001/ ")]
+    )
+    assert config.tiers[0].base_url == "http://127.0.0.1:8001"
+    assert (config.connect_timeout, config.read_timeout, config.max_body_bytes) == (
+        5.0,
+        600.0,
+        1_000_000,
+    )
+
+
+def test_needs_at_least_one_tier() -> None:
+    with pytest.raises(ValidationError, match="tiers"):
+        GatewayConfig(model_name="m", tiers=[])
+
+
+def test_tier_names_must_be_unique() -> None:
+    tier = TierEndpoint(name="fp16", base_url="http://127.0.0.1:8001")
+    with pytest.raises(ValidationError, match="repeated: fp16"):
+        GatewayConfig(model_name="m", tiers=[tier, tier])
+
+
+def test_base_url_needs_a_scheme() -> None:
+    with pytest.raises(ValidationError, match="http://"):
+        TierEndpoint(name="fp16", base_url="127.0.0.1:8001")
+
+
+@pytest.mark.parametrize("field", ["connect_timeout", "read_timeout", "max_body_bytes"])
+def test_limits_must_be_positive(field: str) -> None:
+    tier = TierEndpoint(name="fp16", base_url="http://127.0.0.1:8001")
+    with pytest.raises(ValidationError, match=field):
+        GatewayConfig.model_validate({"model_name": "m", "tiers": [tier], field: 0})
+
+
+def test_unknown_fields_are_rejected() -> None:
+    with pytest.raises(ValidationError, match="extra"):
+        GatewayConfig.model_validate(
+            {"model_name": "m", "tiers": [{"name": "a", "base_url": "http://x"}], "typo": 1}
+        )
+
+
+def test_load_config_reads_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(
+        "model_name: smollm2\n"
+        "read_timeout: 30\n"
+        "tiers:\n"
+        "  - {name: fp16, base_url: 'http://127.0.0.1:8001'}\n"
+        "  - {name: int4, base_url: 'http://127.0.0.1:8003'}\n",
+        encoding="utf-8",
+    )
+    config = load_config(path)
+    assert config.model_name == "smollm2"
+    assert config.read_timeout == 30
+    assert [tier.name for tier in config.tiers] == ["fp16", "int4"]
+
+
+def test_load_config_missing_file_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path / "absent.yaml")
+    assert "absent.yaml" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("model_name: [unclosed\n", "not valid YAML"),
+        ("- just\n- a list\n", "must be a YAML mapping"),
+        ("model_name: m\ntiers: []\n", "tiers"),
+    ],
+)
+def test_load_config_rejects_bad_content(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError, match=expected) as caught:
+        load_config(path)
+    assert str(path) in str(caught.value)
+    assert "\n" not in str(caught.value)

@@ -1,0 +1,75 @@
+"""/healthz, /readyz and /v1/models through a real gateway."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+MODEL = "stub-model"
+
+
+def test_healthz_is_ok_without_any_tier(
+    refused_url: str, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = start_gateway(refused_url)
+    response = client.get(f"{gateway}/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+def test_readyz_is_ok_when_one_tier_is_healthy(
+    refused_url: str, stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = start_gateway(refused_url, stub.url)
+    response = client.get(f"{gateway}/readyz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ready", "tiers": {"t0": "unreachable", "t1": "ok"}}
+
+
+def test_readyz_is_503_when_no_tier_is_healthy(
+    refused_url: str, stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    stub.health_status = 503  # e.g. vLLM still loading
+    gateway = start_gateway(stub.url, refused_url)
+    response = client.get(f"{gateway}/readyz")
+    assert response.status_code == 503
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == "not_ready"
+    assert "t0 answered 503" in error["message"]
+    assert "t1 unreachable" in error["message"]
+
+
+def test_models_relays_the_first_reachable_tier(
+    refused_url: str, stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = start_gateway(refused_url, stub.url)
+    response = client.get(f"{gateway}/v1/models")
+    assert response.status_code == 200
+    assert response.headers["x-route-tier"] == "t1"
+    body = response.json()
+    assert body["object"] == "list"
+    assert [entry["id"] for entry in body["data"]] == [MODEL]
+    assert body["data"][0]["owned_by"] == "vllm"
+
+
+def test_models_reports_a_tier_serving_another_model(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    stub.model = "something-else"
+    gateway = start_gateway(stub.url)
+    response = client.get(f"{gateway}/v1/models")
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert error["code"] == "model_mismatch"
+    assert "something-else" in error["message"]
+
+
+def test_models_without_tiers_is_503(
+    refused_url: str, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = start_gateway(refused_url)
+    response = client.get(f"{gateway}/v1/models")
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "no_tier_available"
