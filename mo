@@ -22,11 +22,11 @@ case "${1:-}" in
     shift
     OPT="$("$PYTHON" -m model_optimizer.envs path optimize)"
     case "${1:-}" in
-      tests/optimize*) exec "$OPT/bin/python" -m pytest "$@" ;;
+      tests/optimize*) OMP_WAIT_POLICY=PASSIVE exec "$OPT/bin/python" -m pytest "$@" ;;
       -*|"")
         "$GW/bin/python" -m pytest --ignore=tests/optimize "$@"
         if [ -d tests/optimize ] && ls tests/optimize/test_*.py >/dev/null 2>&1; then
-          exec "$OPT/bin/python" -m pytest tests/optimize "$@"
+          OMP_WAIT_POLICY=PASSIVE exec "$OPT/bin/python" -m pytest tests/optimize "$@"
         fi ;;
       *) exec "$GW/bin/python" -m pytest "$@" ;;
     esac ;;

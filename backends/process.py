@@ -25,6 +25,9 @@ class TierStartError(RuntimeError):
 def check_port_free(host: str, port: int) -> None:
     """Raise ``TierStartError`` when something already listens on ``host:port``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As servers bind (uvicorn and vLLM set SO_REUSEADDR): closed connections in TIME_WAIT
+        # from a previous run do not count as "in use".
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:

@@ -14,11 +14,16 @@ from gateway.config import GatewayConfig
 from gateway.errors import exception_handlers
 from gateway.health import healthz, readyz
 from gateway.proxy import chat_completions, completions, list_models
+from gateway.tiers import TierStates
 from gateway.upstream import Upstream
 
 
-def create_app(config: GatewayConfig) -> Starlette:
-    """Build the app; its lifespan owns the one shared ``httpx.AsyncClient``."""
+def create_app(config: GatewayConfig, tier_states: TierStates | None = None) -> Starlette:
+    """Build the app; its lifespan owns the one shared ``httpx.AsyncClient``.
+
+    ``tier_states`` returns each tier's state as its supervisor sees it; without it, every
+    configured tier is a candidate.
+    """
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -41,6 +46,7 @@ def create_app(config: GatewayConfig) -> Starlette:
     ]
     app = Starlette(routes=routes, exception_handlers=exception_handlers(), lifespan=lifespan)
     app.state.config = config
+    app.state.tier_states = tier_states
     return app
 
 

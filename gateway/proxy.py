@@ -16,7 +16,8 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.config import TierEndpoint
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError, error_body, sse_error_event
-from gateway.state import get_config, get_upstream
+from gateway.state import get_config, get_tier_states, get_upstream
+from gateway.tiers import available_tiers
 from gateway.upstream import Upstream, UpstreamUnavailable, aclose_quietly
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,20 @@ def check_model(body: dict[str, Any], model_name: str) -> dict[str, Any]:
 def wants_stream(body: Mapping[str, Any]) -> bool:
     """True when the client asked for server-sent events."""
     return body.get("stream") is True
+
+
+def candidates(request: Request) -> list[TierEndpoint]:
+    """The configured tiers that may take a request now (ready ones, in order)."""
+    tiers = available_tiers(get_config(request).tiers, get_tier_states(request))
+    if not tiers:
+        raise APIError(
+            503,
+            "no tier is ready; retry shortly",
+            SERVER_ERROR,
+            code="no_tier_available",
+            headers={"Retry-After": "5"},
+        )
+    return tiers
 
 
 async def open_first_available(
@@ -221,7 +236,7 @@ async def _relay_completion(request: Request, path: str) -> Response:
 
     async def exchange() -> Response:
         tier, response = await open_first_available(
-            upstream, config.tiers, "POST", path, body, request.headers
+            upstream, candidates(request), "POST", path, body, request.headers
         )
         if wants_stream(body) and response.status_code == 200:
             # From here on the streaming response owns the upstream and watches the client.
@@ -250,7 +265,7 @@ async def list_models(request: Request) -> Response:
     config = get_config(request)
     upstream = get_upstream(request)
     tier, response = await open_first_available(
-        upstream, config.tiers, "GET", "/v1/models", None, request.headers
+        upstream, candidates(request), "GET", "/v1/models", None, request.headers
     )
     raw = await upstream.read(tier, response)
     if response.status_code != 200:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from starlette.requests import Request
 
 from gateway.config import GatewayConfig
+from gateway.tiers import TierStates
 from gateway.upstream import Upstream
 
 
@@ -22,3 +25,9 @@ def get_upstream(request: Request) -> Upstream:
     if not isinstance(upstream, Upstream):
         raise RuntimeError("app.state.upstream is not set: the gateway lifespan has not run")
     return upstream
+
+
+def get_tier_states(request: Request) -> Mapping[str, str] | None:
+    """The tiers' current states, when a supervisor publishes them (else ``None``)."""
+    source: TierStates | None = getattr(request.app.state, "tier_states", None)
+    return dict(source()) if source is not None else None

@@ -10,8 +10,9 @@ import argparse
 import sys
 
 from backends.process import TierStartError
+from backends.spec import SpecError
 from model_optimizer import __version__
-from model_optimizer.models import ModelError
+from model_optimizer.models import AlreadyReported, ModelError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -25,14 +26,57 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--model", default="default", help="'default', an HF folder or a GGUF file")
     up.add_argument("--served-model-name", default=None, help="public model id")
     up.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
-    up.add_argument("--tier-port", type=int, default=8101, help="first tier's port")
-    up.add_argument("--max-model-len", type=int, default=2048)
-    up.add_argument("--start-timeout", type=float, default=300.0, help="seconds per tier")
+    up.add_argument(
+        "--tier-port", type=int, default=None, help="first tier's port, the others follow"
+    )
+    up.add_argument("--tiers", default="", help="a subset of the spec's tiers, e.g. fp16,int4")
+    up.add_argument("--spec", default=None, help="deployment spec (policies/deploy/tiers.yaml)")
+    up.add_argument("--recipe", default=None, help="optimizer recipe for the variants")
+    up.add_argument(
+        "--variants", default=None, help="serve pre-built variants (fp16/ int8/ int4/) as they are"
+    )
+    opt = sub.add_parser("optimize", help="write FP16/INT8/INT4 variants of a model")
+    _optimize_args(opt)
+    chk = sub.add_parser("check", help="precision-check a variant folder against its model")
+    chk.add_argument("--model", default="default", help="the original the variant came from")
+    chk.add_argument("--variant", required=True, help="a variant folder (has metadata.json)")
+    chk.add_argument("--recipe", default=None, help="thresholds (default recipe if omitted)")
     return parser
 
 
+def _optimize_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="default", help="'default', an HF folder or a GGUF")
+    parser.add_argument("--recipe", default=None, help="recipe YAML (policies/recipes/...)")
+    parser.add_argument("--output", required=True, help="folder for the variants")
+    parser.add_argument("--quantize", default=None, help="only this variant: fp16, int8, int4")
+    parser.add_argument("--compile-level", type=int, default=1, choices=(1, 2, 3))
+    parser.add_argument(
+        "--target-framework", default=None, help="engine the variants target, e.g. vllm==0.32.0"
+    )
+
+
+def _seeds_form(argv: list[str]) -> bool:
+    """The seeds' form has no subcommand: ``model-optimizer --model M --quantize Q --output D``."""
+    return bool(argv) and argv[0].startswith("--") and argv[0] not in ("--version", "--help", "-h")
+
+
+def _optimize(args: argparse.Namespace) -> int:
+    from model_optimizer.optimize import run_optimize
+
+    return run_optimize(
+        model=args.model,
+        output=args.output,
+        recipe=args.recipe,
+        quantize=args.quantize,
+        compile_level=args.compile_level,
+        target_framework=args.target_framework,
+    )
+
+
 def _up(args: argparse.Namespace) -> int:
-    from model_optimizer.stack import UpOptions, run_up
+    from pathlib import Path
+
+    from model_optimizer.stack import DEFAULT_SPEC, UpOptions, run_up
 
     return run_up(
         UpOptions(
@@ -40,22 +84,37 @@ def _up(args: argparse.Namespace) -> int:
             served_model_name=args.served_model_name,
             gateway_port=args.port,
             tier_port=args.tier_port,
-            max_model_len=args.max_model_len,
-            start_timeout=args.start_timeout,
+            tiers=tuple(t for t in args.tiers.split(",") if t),
+            spec=Path(args.spec) if args.spec else DEFAULT_SPEC,
+            recipe=args.recipe,
+            variants=Path(args.variants) if args.variants else None,
         )
     )
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if _seeds_form(argv):
+        seeds = argparse.ArgumentParser(prog="model-optimizer")
+        _optimize_args(seeds)
+        return _optimize(seeds.parse_args(argv))
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_usage(sys.stderr)
         print("model-optimizer: error: a command is required", file=sys.stderr)
         return 2
+    if args.command == "optimize":
+        return _optimize(args)
+    if args.command == "check":
+        from model_optimizer.optimize import run_check
+
+        return run_check(args.model, args.variant, args.recipe)
     try:
         return _up(args)
-    except ModelError as exc:
+    except AlreadyReported as exc:
+        return exc.code
+    except (ModelError, SpecError) as exc:
         print(f"model-optimizer: error: {exc}", file=sys.stderr)
         return 2
     except TierStartError as exc:

@@ -17,6 +17,14 @@ class ModelError(RuntimeError):
     """A model source that cannot be used; one line naming it."""
 
 
+class AlreadyReported(RuntimeError):
+    """A failure a child process has already explained on stderr; exit with ``code``."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"exit {code}")
+        self.code = code
+
+
 def optimize_env_run(args: list[str], capture: bool = True) -> subprocess.CompletedProcess[str]:
     """Run ``python -m optimizer ARGS`` in the optimize environment."""
     python = env_python("optimize")

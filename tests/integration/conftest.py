@@ -23,19 +23,43 @@ from backends.process import free_port
 from model_optimizer.envs import ROOT
 
 pytestmark = pytest.mark.integration
-START_TIMEOUT = 900.0  # a cold cache converts the model first
+START_TIMEOUT = 1800.0  # a cold cache converts the model and builds its variants first
+TIERS = ("fp16", "int8", "int4")
 
 
 @dataclass
 class Stack:
     process: subprocess.Popen[bytes]
     gateway_url: str
-    tier_url: str
+    tier_urls: dict[str, str]
     log: Path
     descendants: list[psutil.Process] = field(default_factory=list)
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def tier_port(self, name: str) -> int:
+        return int(self.tier_urls[name].rsplit(":", 1)[1])
+
+
+def free_port_run(count: int) -> int:
+    """The first of ``count`` consecutive free loopback ports."""
+    for _ in range(200):
+        base = free_port()
+        if base + count < 65000 and all(_free(base + i) for i in range(count)):
+            return base
+    raise RuntimeError("no run of free ports")
+
+
+def _free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def cli(*args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
@@ -51,27 +75,20 @@ def cli(*args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
     )
 
 
-def start_stack(log: Path) -> Stack:
+def start_stack(log: Path, tiers: tuple[str, ...] = TIERS) -> Stack:
     """Start ``model-optimizer up`` on free loopback ports and wait until the gateway is ready."""
-    gw_port, tier_port = free_port(), free_port()
+    gw_port, base = free_port(), free_port_run(len(tiers))
+    args = ["--port", str(gw_port), "--tier-port", str(base), "--tiers", ",".join(tiers)]
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "model_optimizer.cli",
-                "up",
-                "--port",
-                str(gw_port),
-                "--tier-port",
-                str(tier_port),
-            ],
+            [sys.executable, "-m", "model_optimizer.cli", "up", *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
-    stack = Stack(process, f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{tier_port}", log)
+    urls = {name: f"http://127.0.0.1:{base + i}" for i, name in enumerate(tiers)}
+    stack = Stack(process, f"http://127.0.0.1:{gw_port}", urls, log)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if process.poll() is not None:

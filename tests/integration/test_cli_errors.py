@@ -67,11 +67,38 @@ def test_port_already_taken() -> None:
 
 
 def test_backend_dying_during_start(tmp_path: Path) -> None:
-    model = tmp_path / "broken-model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"architectures": ["NoSuchForCausalLM"]}))
-    (model / "model.safetensors").write_bytes(b"\0" * 16)
-    result = cli("up", "--model", str(model), *_ports(), timeout=300)
-    assert result.returncode == 1
+    # A variant folder that passes every check before start, but vLLM cannot load.
+    variant = tmp_path / "variants" / "fp16"
+    variant.mkdir(parents=True)
+    (variant / "config.json").write_text(json.dumps({"architectures": ["NoSuchForCausalLM"]}))
+    (variant / "model.safetensors").write_bytes(b"\0" * 16)
+    (variant / "metadata.json").write_text(
+        json.dumps(
+            {
+                "variant": "fp16",
+                "passed": True,
+                "input_key": {},
+                "target": {"framework": "vllm==0.32.0", "compile_level": 1},
+            }
+        )
+    )
+    (variant / "kv_cache_config.json").write_text(
+        json.dumps(
+            {
+                "block_size": 16,
+                "kv_cache_dtype": "auto",
+                "max_model_len": 512,
+                "max_num_seqs": 2,
+                "max_num_batched_tokens": 512,
+                "bytes_per_token": 1024,
+                "num_blocks": 64,
+                "kv_cache_memory_bytes": 64 << 20,
+            }
+        )
+    )
+    result = cli(
+        "up", "--variants", str(tmp_path / "variants"), "--tiers", "fp16", *_ports(), timeout=300
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
     (line,) = _error_lines(result.stderr)
     assert "tier fp16 exited during start" in line

@@ -66,20 +66,28 @@ def test_completions_and_models_relay(stack: Stack) -> None:
     assert [m.id for m in client.models.list().data] == [MODEL]
 
 
-def test_tier_listens_on_loopback_only(stack: Stack) -> None:
+def test_tiers_listen_on_loopback_only(stack: Stack) -> None:
     import psutil
 
-    port = int(stack.tier_url.rsplit(":", 1)[1])
-    listeners = [
-        c.laddr.ip
+    listening = {
+        c.laddr.port: c.laddr.ip
         for c in psutil.net_connections("inet")
-        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
-    ]
-    assert listeners == ["127.0.0.1"]
+        if c.status == psutil.CONN_LISTEN
+    }
+    for name in stack.tier_urls:
+        port = stack.tier_port(name)
+        assert listening.get(port) == "127.0.0.1", f"tier {name} on {listening.get(port)}"
+        # Nothing answers on the machine's other addresses for that port.
+        others = [
+            c.laddr.ip
+            for c in psutil.net_connections("inet")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+        ]
+        assert others == ["127.0.0.1"]
 
 
 def test_sigterm_shutdown_leaves_no_vllm_process(tmp_path: Path) -> None:
-    own = start_stack(tmp_path / "up.log")
+    own = start_stack(tmp_path / "up.log", tiers=("int4",))
     assert len(own.descendants) >= 2, "expected the vLLM server and its engine process"
     code = stop_stack(own, signal.SIGTERM)
     deadline = time.monotonic() + 30
