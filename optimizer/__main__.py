@@ -40,9 +40,9 @@ def optimize_command(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe) if args.recipe else load_recipe(DEFAULT_RECIPE)
     if args.quantize:
         recipe = single_variant_recipe(args.quantize, recipe)
+    source = describe_source(args.model)
     outputs = _outputs(recipe, args.output, args.quantize)
     check_output(args.output, outputs)
-    source = describe_source(args.model)
     job = Job(
         source=source,
         model_dir=materialize(args.model, args.cache),

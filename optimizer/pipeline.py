@@ -99,6 +99,28 @@ def cast_floats(folder: Path, dtype_name: str) -> None:
     config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
+_QUANT_SUFFIXES = (
+    ".weight_scale",
+    ".weight_zero_point",
+    ".weight_shape",
+    ".weight_packed",
+    ".weight_g_idx",
+    ".input_scale",
+    ".input_zero_point",
+)
+
+
+def drop_quantization_tensors(folder: Path) -> None:
+    """Remove quantization parameters a dequantized save still carries (vLLM refuses them)."""
+    from safetensors.torch import load_file, save_file
+
+    for path in sorted(folder.glob("*.safetensors")):
+        tensors = load_file(path)
+        kept = {k: v for k, v in tensors.items() if not k.endswith(_QUANT_SUFFIXES)}
+        if len(kept) != len(tensors):
+            save_file(kept, path, metadata={"format": "pt"})
+
+
 def tool_versions() -> dict[str, str]:
     versions = {"model-optimizer": OPTIMIZER_VERSION}
     for tool in TOOLS:
@@ -402,6 +424,7 @@ def emulate(variant_dir: Path, output: Path, say: Progress) -> Path:
         config = json.loads(config_path.read_text())
         config.pop("quantization_config", None)
         config_path.write_text(json.dumps(config, indent=2) + "\n")
+        drop_quantization_tensors(folder)
         cast_floats(folder, STORAGE_DTYPE_NAME)
         tokenizer.save_pretrained(folder)
         for name in ("layout.json", "kv_cache_config.json"):

@@ -1,0 +1,389 @@
+"""The routing policy (``policies/routing.yaml``): schema, loading and one-line errors.
+
+Schema in code (pydantic v2, unknown fields rejected everywhere), data in the YAML. Every problem
+is a ``PolicyError`` whose text is one line, ``<file>:<line>: <dotted.field>: <message>``; the line
+is found by walking the YAML node tree with optimizer.recipe's helpers (as backends/spec.py does).
+
+Sections:
+- ``tiers``: the tier names this policy may route to (e.g. fp16, int8, int4). Every tier named
+  elsewhere must be one of them, so a typo in a route is an error, not a silently dead route.
+- ``classes``: the classifier's rules (gateway/classify.py): ``long`` by prompt tokens, ``code``
+  and ``math`` by weighted signals against a threshold; ``tolerant`` is everything else.
+- ``routes``: per class, the tiers to try: an ordered chain, or ``most_free_kv`` over a list.
+- ``saturation``: when a tier counts as saturated (skipped) from its scraped metrics.
+- ``limits``: prompt and completion token limits and what to do when a request exceeds them.
+- ``pinning``: whether a request header may pin a tier.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+import typing
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from optimizer.recipe import RecipeError, _dotted, _line_of, _reject_duplicate_keys
+
+ClassName = Literal["tolerant", "code", "math", "long"]
+CLASS_NAMES: tuple[ClassName, ...] = ("tolerant", "code", "math", "long")
+Strategy = Literal["ordered", "most_free_kv"]
+Loc = tuple[str | int, ...]
+PositiveInt = Annotated[int, Field(strict=True, gt=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+class PolicyError(ValueError):
+    """A routing policy that cannot be used; ``str()`` is one line naming file, line and field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_name(value: str, what: str) -> str:
+    if not _NAME.fullmatch(value):
+        raise ValueError(f"{what} {value!r} must be letters, digits, '_', '.' or '-'")
+    return value
+
+
+# --------------------------------------------------------------------------- classes
+
+
+class Pattern(_Section):
+    """A named regular expression; each pattern that matches adds its ``weight`` once.
+
+    Python ``re`` syntax; flags inline, e.g. ``(?m)`` for ``^``/``$`` at line ends, ``(?i)`` to
+    ignore case. The name appears in the classification reason.
+    """
+
+    name: str
+    regex: str = Field(min_length=1)
+    weight: PositiveFloat = 1.0
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _check_name(value, "pattern name")
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"bad regular expression {value!r}: {exc}") from None
+        return value
+
+
+def _keywords(value: list[str]) -> list[str]:
+    out: list[str] = []
+    for keyword in value:
+        if not keyword.strip():
+            raise ValueError("empty keyword")
+        folded = " ".join(keyword.split()).lower()
+        if folded in out:
+            raise ValueError(f"keyword {keyword!r} is listed twice")
+        out.append(folded)
+    return out
+
+
+def _one_word_keywords(value: list[str]) -> list[str]:
+    words = _keywords(value)
+    for word in words:
+        if " " in word:
+            raise ValueError(f"{word!r}: give single words here")
+    return words
+
+
+class TaskRule(_Section):
+    """A request for work: one of ``verbs`` followed within ``window`` words by one of
+    ``objects`` ("write a Python function", "implement a binary search"). Adds ``weight`` once."""
+
+    verbs: list[str] = Field(min_length=1)
+    objects: list[str] = Field(min_length=1)
+    window: PositiveInt = 4
+    weight: PositiveFloat = 2.0
+
+    @field_validator("verbs", "objects")
+    @classmethod
+    def _words(cls, value: list[str]) -> list[str]:
+        return _one_word_keywords(value)
+
+
+class LongRule(_Section):
+    """``long``: the prompt (chat template applied) has at least ``min_tokens`` tokens."""
+
+    min_tokens: PositiveInt = 1024
+
+
+class CodeRule(_Section):
+    """``code``: score = fence_weight if a fenced block (```/~~~) is present
+    + keyword_weight per distinct keyword found + the task's weight when it is found
+    + each matching pattern's weight once."""
+
+    threshold: PositiveFloat = 2.0
+    fence_weight: NonNegativeFloat = 3.0
+    keywords: list[str] = Field(default_factory=list)
+    keyword_weight: NonNegativeFloat = 1.0
+    task: TaskRule | None = None
+    patterns: list[Pattern] = Field(default_factory=list)
+
+    @field_validator("keywords")
+    @classmethod
+    def _fold(cls, value: list[str]) -> list[str]:
+        return _keywords(value)
+
+
+class MathRule(_Section):
+    """``math``: score = keyword_weight per distinct keyword + the task's weight when found
+    + each matching pattern's weight once + number_weight when the text has at least
+    ``min_numbers`` numbers and at least ``number_density`` numbers per word."""
+
+    threshold: PositiveFloat = 2.0
+    keywords: list[str] = Field(default_factory=list)
+    keyword_weight: NonNegativeFloat = 1.0
+    task: TaskRule | None = None
+    patterns: list[Pattern] = Field(default_factory=list)
+    number_density: float = Field(default=0.1, gt=0, le=1)
+    min_numbers: PositiveInt = 2
+    number_weight: NonNegativeFloat = 1.0
+
+    @field_validator("keywords")
+    @classmethod
+    def _fold(cls, value: list[str]) -> list[str]:
+        return _keywords(value)
+
+
+class ClassesPolicy(_Section):
+    """The classifier's rules. ``tolerant`` has none: it is what nothing else claims."""
+
+    long: LongRule = Field(default_factory=LongRule)
+    code: CodeRule = Field(default_factory=CodeRule)
+    math: MathRule = Field(default_factory=MathRule)
+
+
+# --------------------------------------------------------------------------- routes
+
+
+class Route(_Section):
+    """Tiers for one class. A bare list in the YAML means ``strategy: ordered``."""
+
+    strategy: Strategy = "ordered"
+    tiers: list[str] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_list(cls, value: object) -> object:
+        return {"tiers": value} if isinstance(value, list) else value
+
+    @field_validator("tiers")
+    @classmethod
+    def _unique(cls, tiers: list[str]) -> list[str]:
+        for i, name in enumerate(tiers):
+            if name in tiers[:i]:
+                raise ValueError(f"tier {name} is listed twice")
+        return tiers
+
+
+class RoutesPolicy(_Section):
+    tolerant: Route
+    code: Route
+    math: Route
+    long: Route
+
+    def for_class(self, cls: str) -> Route | None:
+        """The route of class ``cls`` (``None`` for a name that is not a class)."""
+        return getattr(self, cls, None) if cls in CLASS_NAMES else None
+
+
+# --------------------------------------------------------------------------- the rest
+
+
+class SaturationPolicy(_Section):
+    """A tier is saturated (skipped) when a scraped value is ABOVE its threshold."""
+
+    max_requests_waiting: NonNegativeFloat = 4.0
+    max_kv_usage: float = Field(default=0.9, ge=0, le=1)
+
+
+class LimitsPolicy(_Section):
+    """Token limits; see policies/routing.yaml for the meaning of each field."""
+
+    max_input_tokens: PositiveInt | None = None
+    on_input_too_long: Literal["reject", "route_long"] = "reject"
+    tier_max_input_tokens: dict[str, PositiveInt] = Field(default_factory=dict)
+    max_output_tokens: PositiveInt | None = None
+    on_max_tokens_too_large: Literal["clamp", "reject"] = "clamp"
+
+    def tier_input_cap(self, tier: str | None) -> int | None:
+        """The per-tier prompt cap of ``tier`` (``None``: none set)."""
+        return self.tier_max_input_tokens.get(tier) if tier is not None else None
+
+
+class PinningPolicy(_Section):
+    """Whether a request may choose its tier with a header (an operator's tool)."""
+
+    allow: bool = False
+    header: str = "x-route-tier"
+
+    @field_validator("header")
+    @classmethod
+    def _header(cls, value: str) -> str:
+        return _check_name(value, "header").lower()
+
+
+class RoutingPolicy(_Section):
+    """The whole file."""
+
+    tiers: list[str] = Field(min_length=1)
+    classes: ClassesPolicy = Field(default_factory=ClassesPolicy)
+    routes: RoutesPolicy
+    saturation: SaturationPolicy = Field(default_factory=SaturationPolicy)
+    limits: LimitsPolicy = Field(default_factory=LimitsPolicy)
+    pinning: PinningPolicy = Field(default_factory=PinningPolicy)
+
+    @field_validator("tiers")
+    @classmethod
+    def _tier_names(cls, tiers: list[str]) -> list[str]:
+        for i, name in enumerate(tiers):
+            _check_name(name, "tier name")
+            if name in tiers[:i]:
+                raise ValueError(f"tier {name} is listed twice")
+        return tiers
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_policy(path: str | Path) -> RoutingPolicy:
+    """Read and validate a policy file; ``PolicyError`` (one line) on any problem."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise PolicyError(f"{path}: cannot read routing policy: {reason}") from None
+    return parse_policy(text, str(path))
+
+
+def parse_policy(text: str, source: str = "<policy>") -> RoutingPolicy:
+    """Validate policy YAML ``text``; ``source`` is the file named in errors."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else 1
+        problem = " ".join(str(exc.problem or exc.context or "invalid YAML").split())
+        raise PolicyError(f"{source}:{line}: invalid YAML: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"{source}:1: invalid YAML: {' '.join(str(exc).split())}") from None
+    if root is not None:
+        try:
+            _reject_duplicate_keys(root, (), source)
+        except RecipeError as exc:
+            raise PolicyError(str(exc)) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyError(f"{source}:1: (top level): must be a mapping of sections")
+    try:
+        policy = RoutingPolicy.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc, root, data, source) from None
+    for loc, message in _problems(policy):
+        raise _error(root, data, source, loc, message)
+    return policy
+
+
+def _problems(policy: RoutingPolicy) -> Iterator[tuple[Loc, str]]:
+    """Checks across sections: every tier named must be declared in ``tiers``."""
+    known = set(policy.tiers)
+    declared = ", ".join(policy.tiers)
+    for cls in CLASS_NAMES:
+        route = getattr(policy.routes, cls)
+        for i, name in enumerate(route.tiers):
+            if name not in known:
+                yield ("routes", cls, "tiers", i), f"unknown tier {name} (tiers: {declared})"
+    for name in policy.limits.tier_max_input_tokens:
+        if name not in known:
+            loc: Loc = ("limits", "tier_max_input_tokens", name)
+            yield loc, f"unknown tier {name} (tiers: {declared})"
+
+
+def _yaml_loc(data: Mapping[str, Any], loc: Loc) -> Loc:
+    """``routes.X.tiers[i]`` is ``routes.X[i]`` in the file when the route is a bare list."""
+    if len(loc) >= 3 and loc[0] == "routes" and loc[2] == "tiers":
+        routes = data.get("routes")
+        if isinstance(routes, dict) and isinstance(routes.get(loc[1]), list):
+            return (*loc[:2], *loc[3:])
+    return loc
+
+
+def _error(
+    root: yaml.Node | None, data: Mapping[str, Any], source: str, loc: Loc, message: str
+) -> PolicyError:
+    loc = _yaml_loc(data, loc)
+    return PolicyError(f"{source}:{_line_of(root, loc)}: {_dotted(loc)}: {message}")
+
+
+def _validation_error(
+    exc: ValidationError, root: yaml.Node | None, data: Mapping[str, Any], source: str
+) -> PolicyError:
+    error = exc.errors(include_url=False)[0]
+    loc: Loc = tuple(
+        part
+        for part in error["loc"]
+        if not (isinstance(part, str) and (part == "[key]" or part.startswith("function-")))
+    )
+    if error["type"] == "extra_forbidden":
+        allowed = _fields_at(loc[:-1])
+        message = f"unknown field (allowed: {', '.join(allowed) if allowed else '-'})"
+    elif error["type"] == "missing":
+        message = "required field is missing"
+    else:
+        message = str(error["msg"]).removeprefix("Value error, ")
+    more = exc.error_count() - 1
+    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    return _error(root, data, source, loc, message + suffix)
+
+
+def _fields_at(loc: Sequence[str | int]) -> list[str]:
+    """Field names of the section found by following ``loc`` from ``RoutingPolicy``."""
+    annotation: Any = RoutingPolicy
+    for part in loc:
+        annotation = _unwrap(annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = annotation.model_fields.get(str(part))
+            if field is None:
+                return []
+            annotation = field.annotation
+        elif typing.get_origin(annotation) in (list, dict):
+            annotation = typing.get_args(annotation)[-1]
+        else:
+            return []
+    annotation = _unwrap(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return list(annotation.model_fields)
+    return []
+
+
+def _unwrap(annotation: Any) -> Any:
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin is Annotated:
+            annotation = typing.get_args(annotation)[0]
+        elif origin in (Union, types.UnionType):
+            args = [a for a in typing.get_args(annotation) if a is not type(None)]
+            if len(args) != 1:
+                return annotation
+            annotation = args[0]
+        else:
+            return annotation
