@@ -30,6 +30,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from backends.platform import machine_flags, native_precisions  # noqa: E402
 from backends.process import free_port  # noqa: E402
 from backends.spec import load_spec, resolve_tiers  # noqa: E402
 from backends.supervisor import Supervisor  # noqa: E402
@@ -189,18 +190,24 @@ def main() -> int:
     if not variants.is_dir():
         raise SystemExit(f"no variants in {variants}: run ./mo up (or optimize) first")
     launches = resolve_tiers(load_spec(DEFAULT_SPEC), variants, "cpu", installed_vllm(), 2)
+    native = native_precisions("cpu", machine_flags())
+    emulated = variants.with_name(f"{variants.name}.emulated")
     rows: list[Row] = []
     for launch in launches:
         if launch.name not in args.tiers.split(","):
             continue
         # One tier at a time, on both cores: the comparison is between precisions.
         one = dataclasses.replace(launch, port=free_port(), cpu_threads=None)
+        label = one.name
+        if one.name not in native:  # as `up` serves it on CPUs without the kernel
+            one = dataclasses.replace(one, model_dir=emulated / one.name)
+            label = f"{one.name} (emulated)"
         sup = Supervisor([one], env_python("serve"), cache_root() / "logs", warm_up=warm_up)
         sup.start_all()
         try:
             proc = sup.records[one.name].process.process
             assert proc is not None
-            rows += measure(one.name, f"http://127.0.0.1:{one.port}", proc.pid, args)
+            rows += measure(label, f"http://127.0.0.1:{one.port}", proc.pid, args)
         finally:
             sup.stop_all()
     table = render(rows)
