@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from backends.vllm_args import TierLaunch
 from optimizer.artifacts import METADATA, failed_report_path
-from optimizer.recipe import RecipeError, _dotted, _line_of, _reject_duplicate_keys
+from optimizer.recipe import _dotted, _line_of, compose_yaml
 
 TierName = Literal["fp16", "int8", "int4"]
 Device = Literal["auto", "cpu", "cuda"]
@@ -134,21 +134,7 @@ def load_spec(path: str | Path) -> DeploymentSpec:
 
 def parse_spec(text: str, source: str = "<spec>") -> DeploymentSpec:
     """Validate spec YAML ``text`` (device-independent checks); ``source`` is named in errors."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else 1
-        problem = " ".join(str(exc.problem or exc.context or "invalid YAML").split())
-        raise SpecError(f"{source}:{line}: invalid YAML: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{source}:1: invalid YAML: {' '.join(str(exc).split())}") from None
-    if root is not None:
-        try:
-            _reject_duplicate_keys(root, (), source)
-        except RecipeError as exc:
-            raise SpecError(str(exc)) from None
+    root, data = compose_yaml(text, source, SpecError)
     try:
         spec = DeploymentSpec.model_validate({} if data is None else data)
     except ValidationError as exc:

@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from optimizer.recipe import RecipeError, _dotted, _line_of, _reject_duplicate_keys
+from optimizer.recipe import _dotted, _line_of, compose_yaml
 
 ClassName = Literal["tolerant", "code", "math", "long"]
 CLASS_NAMES: tuple[ClassName, ...] = ("tolerant", "code", "math", "long")
@@ -275,21 +275,7 @@ def load_policy(path: str | Path) -> RoutingPolicy:
 
 def parse_policy(text: str, source: str = "<policy>") -> RoutingPolicy:
     """Validate policy YAML ``text``; ``source`` is the file named in errors."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else 1
-        problem = " ".join(str(exc.problem or exc.context or "invalid YAML").split())
-        raise PolicyError(f"{source}:{line}: invalid YAML: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise PolicyError(f"{source}:1: invalid YAML: {' '.join(str(exc).split())}") from None
-    if root is not None:
-        try:
-            _reject_duplicate_keys(root, (), source)
-        except RecipeError as exc:
-            raise PolicyError(str(exc)) from None
+    root, data = compose_yaml(text, source, PolicyError)
     if data is None:
         data = {}
     if not isinstance(data, dict):

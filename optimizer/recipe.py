@@ -223,6 +223,19 @@ def load_recipe(path: str | Path) -> Recipe:
 
 def parse_recipe(text: str, source_name: str = "<recipe>") -> Recipe:
     """Validate recipe YAML ``text``; ``source_name`` is the file named in errors."""
+    root, data = compose_yaml(text, source_name, RecipeError)
+    try:
+        return Recipe.model_validate({} if data is None else data)
+    except ValidationError as exc:
+        raise _recipe_error(exc, root, source_name) from None
+
+
+def compose_yaml(text: str, source: str, error: type[ValueError]) -> tuple[yaml.Node | None, Any]:
+    """Parse operator YAML into its node tree (for error lines) and its data.
+
+    Syntax errors and duplicate keys raise ``error`` with one line: ``source:line: ...``.
+    Shared by the recipe, the deployment spec and the routing policy.
+    """
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -230,15 +243,15 @@ def parse_recipe(text: str, source_name: str = "<recipe>") -> Recipe:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 1
         problem = " ".join(str(exc.problem or exc.context or "invalid YAML").split())
-        raise RecipeError(f"{source_name}:{line}: invalid YAML: {problem}") from None
+        raise error(f"{source}:{line}: invalid YAML: {problem}") from None
     except yaml.YAMLError as exc:
-        raise RecipeError(f"{source_name}:1: invalid YAML: {' '.join(str(exc).split())}") from None
+        raise error(f"{source}:1: invalid YAML: {' '.join(str(exc).split())}") from None
     if root is not None:
-        _reject_duplicate_keys(root, (), source_name)
-    try:
-        return Recipe.model_validate({} if data is None else data)
-    except ValidationError as exc:
-        raise _recipe_error(exc, root, source_name) from None
+        try:
+            _reject_duplicate_keys(root, (), source)
+        except RecipeError as exc:
+            raise error(str(exc)) from None
+    return root, data
 
 
 def _reject_duplicate_keys(node: yaml.Node, path: tuple[str | int, ...], source: str) -> None:
