@@ -198,7 +198,7 @@ def main() -> None:
         counter = TokenCounter.from_file(path, read_chat_template(path.parent))
     except (PolicyError, TokenizerError) as exc:
         raise SystemExit(str(exc)) from None
-    compiled = CompiledClasses.of(policy.classes)
+    compiled = CompiledClasses.build(policy.classes)
     print(f"policy {args.policy}; tokenizer {path}")
     bench_time(counter, compiled, args.runs, args.tokens, args.patterns)
     questions = Path(args.questions)

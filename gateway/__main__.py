@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gateway.app import serve
-from gateway.config import ConfigError, load_config
+from gateway.app import load_counter, load_policies, serve
+from gateway.config import ConfigError, keys_from_environment, load_config
+from gateway.limits import TokenizerError
+from gateway.policy import PolicyError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,8 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args(argv)
     try:
-        config = load_config(args.config)
-    except ConfigError as exc:
+        config = keys_from_environment(load_config(args.config))
+        load_policies(config)  # a bad policy or tokenizer stops the gateway here, in one line
+        load_counter(config)
+    except (ConfigError, PolicyError, TokenizerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     serve(config, host=args.host, port=args.port)

@@ -1,41 +1,100 @@
-"""``create_app(config)``: the gateway's Starlette app, and ``serve`` to run it with uvicorn."""
+"""``create_app(config)``: the gateway's Starlette app, and ``serve`` to run it with uvicorn.
+
+Building the app does no I/O. Its lifespan loads the routing policy and the tokenizer, opens
+the one shared ``httpx.AsyncClient`` and the shared state (Redis), scrapes every tier once, then
+keeps scraping and watching the policy file in the background until shutdown.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 import httpx
 import uvicorn
+from opentelemetry.sdk.trace.export import SpanExporter
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.admin import admin_routes
+from gateway.auth import AuthMiddleware
+from gateway.classify import CompiledClasses
 from gateway.config import GatewayConfig
 from gateway.errors import exception_handlers
 from gateway.health import healthz, readyz
+from gateway.limits import TokenCounter
+from gateway.metrics import GatewayMetrics
+from gateway.plan import ByteCounter, PromptCounter
+from gateway.policy_store import ActivePolicy, PolicyStore
 from gateway.proxy import chat_completions, completions, list_models
-from gateway.tiers import TierStates
+from gateway.shared import SharedState
+from gateway.state import FixedPolicy, PolicySource, Runtime, default_policy, get_runtime
+from gateway.telemetry import build_tracer_provider, instrument_asgi, shutdown
+from gateway.tier_status import TierBoard, TierStates, scrape_tier
 from gateway.upstream import Upstream
 
+logger = logging.getLogger(__name__)
 
-def create_app(config: GatewayConfig, tier_states: TierStates | None = None) -> Starlette:
-    """Build the app; its lifespan owns the one shared ``httpx.AsyncClient``.
 
-    ``tier_states`` returns each tier's state as its supervisor sees it; without it, every
-    configured tier is a candidate.
+def create_app(
+    config: GatewayConfig,
+    tier_states: TierStates | None = None,
+    *,
+    span_exporter: SpanExporter | None = None,
+) -> Starlette:
+    """Build the app (no I/O until its lifespan runs).
+
+    ``tier_states`` returns each tier's state as its supervisor sees it; without it, tiers are
+    judged by their scrapes alone. ``span_exporter`` replaces the ``OTEL_*``-configured
+    exporters (tests pass an in-memory one).
     """
+    provider = build_tracer_provider(span_exporter)
+    metrics = GatewayMetrics()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        policies = load_policies(config)
+        counter = load_counter(config)
         timeout = httpx.Timeout(config.read_timeout, connect=config.connect_timeout)
         # No pool cap: admission control belongs to the router, not to a hidden pool limit.
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=20)
+        shared = SharedState(config.redis_url, prefix=config.redis_prefix)
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
-            app.state.upstream = Upstream(client)
+            await shared.start()
+            runtime = Runtime(
+                config=config,
+                upstream=Upstream(client),
+                policies=policies,
+                counter=counter,
+                board=TierBoard(config.tiers, tier_states),
+                shared=shared,
+                metrics=metrics,
+                tracer=provider.get_tracer("model_optimizer.gateway"),
+            )
+            await scrape_all(runtime)
+            app.state.runtime = runtime
             try:
-                yield
+                async with anyio.create_task_group() as group:
+                    group.start_soon(scrape_forever, runtime)
+                    if isinstance(policies, PolicyStore) and config.watch_policy:
+                        group.start_soon(policies.watch, metrics.policy_reload)
+                    try:
+                        yield
+                    finally:
+                        group.cancel_scope.cancel()
             finally:
-                del app.state.upstream
+                del app.state.runtime
+                await shared.aclose()
+                shutdown(provider)
+
+    def current_shared() -> SharedState | None:
+        runtime = getattr(app.state, "runtime", None)
+        return runtime.shared if isinstance(runtime, Runtime) else None
 
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -43,11 +102,81 @@ def create_app(config: GatewayConfig, tier_states: TierStates | None = None) -> 
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        *admin_routes(),
     ]
-    app = Starlette(routes=routes, exception_handlers=exception_handlers(), lifespan=lifespan)
+    middleware = [
+        Middleware(instrument_asgi, provider=provider),  # outermost: rejections are traced too
+        Middleware(
+            AuthMiddleware,
+            api_key_hashes=config.api_key_hashes,
+            admin_key_hashes=config.admin_key_hashes,
+            rate_limit_per_minute=config.rate_limit_per_minute,
+            shared=current_shared,
+            on_reject=metrics.reject,
+        ),
+    ]
+    app = Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers=exception_handlers(),
+        lifespan=lifespan,
+    )
     app.state.config = config
-    app.state.tier_states = tier_states
     return app
+
+
+def load_policies(config: GatewayConfig) -> PolicySource:
+    """The policy file's store (loaded; ``PolicyError`` if bad) or the default fixed policy."""
+    names = [tier.name for tier in config.tiers]
+    if config.policy_path is None:
+        policy = default_policy(names)
+        rules = CompiledClasses.build(policy.classes)
+        return FixedPolicy(ActivePolicy(policy, rules, "default", 0.0, "<configured order>"))
+    store = PolicyStore(config.policy_path, known_tiers=[*names, *config.policy_extra_tiers])
+    store.load()
+    return store
+
+
+def load_counter(config: GatewayConfig) -> PromptCounter:
+    """The model's tokenizer, or the UTF-8 byte bound when none is configured."""
+    if config.tokenizer_dir is None:
+        return ByteCounter()
+    return TokenCounter.from_model_dir(config.tokenizer_dir)
+
+
+async def scrape_all(runtime: Runtime) -> None:
+    """Scrape every tier once (concurrently) and publish what was seen."""
+    now = anyio.current_time()
+    timeout = runtime.config.connect_timeout
+    model = runtime.config.model_name
+
+    async def one(name: str) -> None:
+        tier = runtime.board.tiers[name]
+        runtime.board.record(name, await scrape_tier(runtime.upstream, tier, model, timeout, now))
+
+    async with anyio.create_task_group() as group:
+        for name in runtime.board.tiers:
+            group.start_soon(one, name)
+    states = {name: status.state for name, status in runtime.board.statuses().items()}
+    await runtime.shared.put_tier_health(states, ttl=3 * runtime.config.metrics_interval)
+
+
+async def scrape_forever(runtime: Runtime) -> None:
+    """Scrape every ``metrics_interval`` seconds until cancelled."""
+    while True:
+        await anyio.sleep(runtime.config.metrics_interval)
+        await scrape_all(runtime)
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    """``GET /metrics``: the gateway's Prometheus series (tier gauges refreshed first)."""
+    runtime = get_runtime(request)
+    in_flight = await runtime.shared.in_flight()
+    for name, status in runtime.board.statuses().items():
+        runtime.metrics.set_tier(name, in_flight.get(name, 0), status.state == "ready")
+    body, content_type = runtime.metrics.render(request.headers.get("accept"))
+    return Response(body, media_type=content_type)
 
 
 def serve(

@@ -1,7 +1,16 @@
-"""Gateway configuration: the served model name and the tiers behind it."""
+"""Gateway configuration: the served model, the tiers behind it, and where state and keys live.
+
+API keys are stored hashed (sha256 hex): ``api_key_hashes`` / ``admin_key_hashes`` in the file,
+or plain keys in the environment (``MO_GATEWAY_API_KEYS``, ``MO_GATEWAY_ADMIN_KEYS``, comma
+separated), hashed by ``keys_from_environment`` as the config is built and never kept in clear.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -15,6 +24,7 @@ class TierEndpoint(BaseModel):
 
     name: str = Field(min_length=1)
     base_url: str
+    max_model_len: int = Field(default=2048, gt=0)  # prompt + completion tokens it accepts
 
     @field_validator("base_url")
     @classmethod
@@ -35,6 +45,29 @@ class GatewayConfig(BaseModel):
     connect_timeout: float = Field(default=5.0, gt=0)
     read_timeout: float = Field(default=600.0, gt=0)
     max_body_bytes: int = Field(default=1_000_000, gt=0)
+    # Routing policy YAML (policies/routing.yaml); None: every class tries the tiers in order.
+    policy_path: str | None = None
+    watch_policy: bool = True  # reload the policy file when it changes
+    # Tier names the policy may name beyond the configured ones (a deployment's tiers that are
+    # not running here); any other name in the policy makes it invalid.
+    policy_extra_tiers: list[str] = Field(default_factory=list)
+    # A model or variant folder with tokenizer.json (+ chat template) for counting tokens;
+    # None: prompts are bounded by their UTF-8 byte count (safe for byte-level BPE).
+    tokenizer_dir: str | None = None
+    redis_url: str | None = None  # shared state across replicas; None: this process only
+    redis_prefix: str = "mo:gateway"
+    api_key_hashes: list[str] = Field(default_factory=list)  # empty: /v1 needs no key
+    admin_key_hashes: list[str] = Field(default_factory=list)  # empty: /admin is disabled
+    rate_limit_per_minute: int | None = Field(default=None, gt=0)  # per API key
+    metrics_interval: float = Field(default=2.0, gt=0)  # seconds between scrapes of the tiers
+
+    @field_validator("api_key_hashes", "admin_key_hashes")
+    @classmethod
+    def _hex_digests(cls, value: list[str]) -> list[str]:
+        for digest in value:
+            if not _SHA256.fullmatch(digest):
+                raise ValueError("key hashes must be sha256 hex digests (64 hex characters)")
+        return [digest.lower() for digest in value]
 
     @model_validator(mode="after")
     def _unique_tier_names(self) -> GatewayConfig:
@@ -43,6 +76,37 @@ class GatewayConfig(BaseModel):
         if duplicates:
             raise ValueError(f"tier names must be unique, repeated: {', '.join(duplicates)}")
         return self
+
+
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+API_KEYS_ENV = "MO_GATEWAY_API_KEYS"
+ADMIN_KEYS_ENV = "MO_GATEWAY_ADMIN_KEYS"
+
+
+def hash_key(key: str) -> str:
+    """The stored form of an API key: its sha256 hex digest."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def keys_from_environment(
+    config: GatewayConfig, environ: Mapping[str, str] | None = None
+) -> GatewayConfig:
+    """``config`` with the keys of ``MO_GATEWAY_API_KEYS`` / ``MO_GATEWAY_ADMIN_KEYS`` added,
+    hashed (the plain keys go no further than this function)."""
+    env = os.environ if environ is None else environ
+
+    def hashed(name: str) -> list[str]:
+        return [hash_key(key.strip()) for key in env.get(name, "").split(",") if key.strip()]
+
+    api, admin = hashed(API_KEYS_ENV), hashed(ADMIN_KEYS_ENV)
+    if not api and not admin:
+        return config
+    return config.model_copy(
+        update={
+            "api_key_hashes": [*config.api_key_hashes, *api],
+            "admin_key_hashes": [*config.admin_key_hashes, *admin],
+        }
+    )
 
 
 class ConfigError(Exception):

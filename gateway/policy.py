@@ -7,6 +7,7 @@ is found by walking the YAML node tree with optimizer.recipe's helpers (as backe
 Sections:
 - ``tiers``: the tier names this policy may route to (e.g. fp16, int8, int4). Every tier named
   elsewhere must be one of them, so a typo in a route is an error, not a silently dead route.
+  Given ``known_tiers`` (the gateway's), ``parse_policy`` also refuses a tier not among them.
 - ``classes``: the classifier's rules (gateway/classify.py): ``long`` by prompt tokens, ``code``
   and ``math`` by weighted signals against a threshold; ``tolerant`` is everything else.
 - ``routes``: per class, the tiers to try: an ordered chain, or ``most_free_kv`` over a list.
@@ -273,8 +274,14 @@ def load_policy(path: str | Path) -> RoutingPolicy:
     return parse_policy(text, str(path))
 
 
-def parse_policy(text: str, source: str = "<policy>") -> RoutingPolicy:
-    """Validate policy YAML ``text``; ``source`` is the file named in errors."""
+def parse_policy(
+    text: str, source: str = "<policy>", known_tiers: Sequence[str] | None = None
+) -> RoutingPolicy:
+    """Validate policy YAML ``text``; ``source`` is the file named in errors.
+
+    ``known_tiers``: the tiers that exist (the gateway's, or a deployment spec's); every name in
+    ``tiers`` must be one of them. ``None`` skips that check (the policy alone is validated).
+    """
     root, data = compose_yaml(text, source, PolicyError)
     if data is None:
         data = {}
@@ -285,6 +292,8 @@ def parse_policy(text: str, source: str = "<policy>") -> RoutingPolicy:
     except ValidationError as exc:
         raise _validation_error(exc, root, data, source) from None
     for loc, message in _problems(policy):
+        raise _error(root, data, source, loc, message)
+    for loc, message in _unknown_tiers(policy, known_tiers):
         raise _error(root, data, source, loc, message)
     return policy
 
@@ -302,6 +311,16 @@ def _problems(policy: RoutingPolicy) -> Iterator[tuple[Loc, str]]:
         if name not in known:
             loc: Loc = ("limits", "tier_max_input_tokens", name)
             yield loc, f"unknown tier {name} (tiers: {declared})"
+
+
+def _unknown_tiers(policy: RoutingPolicy, known: Sequence[str] | None) -> Iterator[tuple[Loc, str]]:
+    """Tiers the policy declares that do not exist (``known`` is ``None``: not checked)."""
+    if known is None:
+        return
+    have = ", ".join(known) or "no tiers"
+    for i, name in enumerate(policy.tiers):
+        if name not in known:
+            yield ("tiers", i), f"unknown tier {name} (the gateway has {have})"
 
 
 def _yaml_loc(data: Mapping[str, Any], loc: Loc) -> Loc:

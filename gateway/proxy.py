@@ -1,30 +1,41 @@
-"""OpenAI API endpoints: check the request, open a tier, relay its answer (streamed or whole)."""
+"""OpenAI API endpoints: read the request, plan it, relay the chosen tier's answer.
+
+A completion request goes: body (size-limited, JSON object, served model) → ``assess``
+(tokens, class) → ``plan_route`` (tiers and ``max_tokens``; gateway/plan.py) → the chain of
+tiers (gateway/relay.py), inside a ``gateway.request`` span with ``classify``, ``route`` and
+``upstream`` children. Every answer carries ``x-route-class``, ``x-route-tier`` and
+``x-route-reason``; errors keep OpenAI's shape.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
-from contextlib import aclosing
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 import anyio
-import httpx
+from opentelemetry import trace
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import JSONResponse, Response
 
-from gateway.config import TierEndpoint
-from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError, error_body, sse_error_event
-from gateway.state import get_config, get_tier_states, get_upstream
-from gateway.tiers import available_tiers
-from gateway.upstream import Upstream, UpstreamUnavailable, aclose_quietly
+from gateway.errors import SERVER_ERROR, APIError
+from gateway.exchange import Exchange, usage_tokens
+from gateway.plan import assess, plan_route, route_headers
+from gateway.relay import (
+    UpstreamStreamingResponse,
+    open_chain,
+    unless_client_leaves,
+    whole_response,
+)
+from gateway.state import Runtime, get_runtime
+from gateway.telemetry import ATTR_CLASS, ATTR_INPUT_TOKENS, ATTR_REASON, inject_trace_headers
+from gateway.upstream import aclose_quietly
 
 logger = logging.getLogger(__name__)
 
 TIER_HEADER = "x-route-tier"
-
-T = TypeVar("T")
+__all__ = ["UpstreamStreamingResponse", "check_model", "parse_json_object", "wants_stream"]
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
@@ -82,170 +93,90 @@ def wants_stream(body: Mapping[str, Any]) -> bool:
     return body.get("stream") is True
 
 
-def candidates(request: Request) -> list[TierEndpoint]:
-    """The configured tiers that may take a request now (ready ones, in order)."""
-    tiers = available_tiers(get_config(request).tiers, get_tier_states(request))
-    if not tiers:
-        raise APIError(
-            503,
-            "no tier is ready; retry shortly",
-            SERVER_ERROR,
-            code="no_tier_available",
-            headers={"Retry-After": "5"},
-        )
-    return tiers
-
-
-async def open_first_available(
-    upstream: Upstream,
-    tiers: Sequence[TierEndpoint],
-    method: str,
-    path: str,
-    json_body: Any,
-    headers: Mapping[str, str],
-) -> tuple[TierEndpoint, httpx.Response]:
-    """Open the request on the first tier that connects and does not answer 503."""
-    failures: list[str] = []
-    for tier in tiers:
-        try:
-            response = await upstream.send(tier, method, path, json_body, headers)
-        except UpstreamUnavailable:
-            failures.append(f"{tier.name} unreachable")
-            continue
-        if response.status_code == 503:
-            await aclose_quietly(response)
-            failures.append(f"{tier.name} answered 503")
-            continue
-        return tier, response
-    raise APIError(
-        503,
-        f"no tier is available ({', '.join(failures)})",
-        SERVER_ERROR,
-        code="no_tier_available",
-    )
-
-
-def normalise_error(status: int, tier: TierEndpoint, raw: bytes) -> dict[str, Any]:
-    """An upstream error body in OpenAI's nested shape (vLLM may answer flat or non-JSON)."""
-    try:
-        payload = json.loads(raw)
-    except ValueError:
-        payload = None
-    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
-        return payload
-    kind = SERVER_ERROR if status >= 500 else INVALID_REQUEST
-    if isinstance(payload, dict) and isinstance(payload.get("message"), str):
-        code = payload.get("code")
-        return error_body(
-            payload["message"],
-            str(payload.get("type") or kind),
-            payload.get("param") if isinstance(payload.get("param"), str) else None,
-            code if isinstance(code, str) else None,
-        )
-    text = " ".join(raw.decode("utf-8", "replace").split())[:200]
-    return error_body(f"tier '{tier.name}' answered HTTP {status}: {text}", kind)
-
-
-def whole_response(tier: TierEndpoint, upstream_response: httpx.Response, raw: bytes) -> Response:
-    """Relay a complete upstream answer with its status; errors keep OpenAI's shape."""
-    status = upstream_response.status_code
-    headers = {TIER_HEADER: tier.name}
-    if status >= 400:
-        return JSONResponse(normalise_error(status, tier, raw), status_code=status, headers=headers)
-    media_type = upstream_response.headers.get("content-type", "application/json")
-    return Response(raw, status_code=status, media_type=media_type, headers=headers)
-
-
-async def relay_sse(
-    upstream: Upstream, tier: TierEndpoint, response: httpx.Response
-) -> AsyncGenerator[bytes, None]:
-    """Yield upstream bytes as they arrive; a failure mid-stream ends with an SSE error event."""
-    tail = b"\n\n"
-    try:
-        async with aclosing(upstream.iter_raw(tier, response)) as chunks:
-            async for chunk in chunks:
-                if chunk:
-                    tail = (tail + chunk)[-2:]
-                    yield chunk
-    except APIError as exc:
-        separator = b"" if tail == b"\n\n" else b"\n\n"
-        yield separator + sse_error_event(exc)
-    finally:
-        await aclose_quietly(response)
-
-
-class UpstreamStreamingResponse(StreamingResponse):
-    """Streams a tier's SSE answer; the upstream is closed however the stream ends."""
-
-    def __init__(self, upstream: Upstream, tier: TierEndpoint, response: httpx.Response) -> None:
-        self._upstream_response = response
-        self._chunks = relay_sse(upstream, tier, response)
-        super().__init__(
-            self._chunks,
-            status_code=response.status_code,
-            media_type="text/event-stream",
-            headers={TIER_HEADER: tier.name, "cache-control": "no-cache"},
-        )
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            # A client disconnect cancels the streaming task; close what it left open,
-            # which drops the tier connection so vLLM aborts the generation.
-            with anyio.CancelScope(shield=True):
-                await self._chunks.aclose()
-            await aclose_quietly(self._upstream_response)
-
-
-async def unless_client_leaves(request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
-    """Run ``work`` but cancel it (returning None) if the client disconnects first.
-
-    Cancelling an upstream exchange closes its connection, which makes vLLM abort the request;
-    without this a client that gave up would keep a tier busy until the answer was complete.
-    """
-    outcome: list[T] = []
-    failure: list[Exception] = []
-    async with anyio.create_task_group() as group:
-
-        async def run() -> None:
-            try:
-                outcome.append(await work())
-            except Exception as exc:  # re-raised below, outside the task group
-                failure.append(exc)
-            group.cancel_scope.cancel()
-
-        async def watch() -> None:
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-            group.cancel_scope.cancel()
-
-        group.start_soon(run)
-        group.start_soon(watch)
-    if failure:
-        raise failure[0]
-    return outcome[0] if outcome else None
-
-
 async def _relay_completion(request: Request, path: str) -> Response:
-    config = get_config(request)
-    upstream = get_upstream(request)
+    runtime = get_runtime(request)
+    span = runtime.tracer.start_span("gateway.request", attributes={"url.path": path})
+    exchange = Exchange(runtime.metrics, runtime.shared, span)
+    try:
+        with trace.use_span(span, end_on_exit=False):
+            return await _completion(request, path, runtime, exchange)
+    except APIError as exc:
+        with anyio.CancelScope(shield=True):
+            await exchange.finish(exc.status, exc.code or "error")
+        raise
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await exchange.finish(500, "internal_error")
+        raise
+
+
+async def _completion(
+    request: Request, path: str, runtime: Runtime, exchange: Exchange
+) -> Response:
+    config, tracer = runtime.config, runtime.tracer
     body = check_model(
         parse_json_object(await read_body(request, config.max_body_bytes)), config.model_name
     )
-
-    async def exchange() -> Response:
-        tier, response = await open_first_available(
-            upstream, candidates(request), "POST", path, body, request.headers
+    active = runtime.policies.active
+    with tracer.start_as_current_span("classify") as span:
+        found = assess(body, path, active.policy, active.rules, runtime.counter)
+        span.set_attributes(
+            {
+                ATTR_CLASS: found.cls,
+                ATTR_REASON: found.reason,
+                ATTR_INPUT_TOKENS: found.input_tokens,
+            }
         )
-        if wants_stream(body) and response.status_code == 200:
-            # From here on the streaming response owns the upstream and watches the client.
-            return UpstreamStreamingResponse(upstream, tier, response)
-        return whole_response(tier, response, await upstream.read(tier, response))
+    exchange.cls, exchange.reason, exchange.input_tokens = (
+        found.cls,
+        found.reason,
+        found.input_tokens,
+    )
+    pinned = request.headers.get(active.policy.pinning.header)
+    with tracer.start_as_current_span("route") as span:
+        plan = plan_route(found, active.policy, runtime.board.statuses(), pinned, path)
+        span.set_attribute(ATTR_REASON, plan.reason)
+    exchange.reason = plan.reason
+    tiers = [runtime.board.tiers[name] for name in plan.chain]
 
-    answer = await unless_client_leaves(request, exchange)
+    upstream_span = tracer.start_span("upstream")
+    exchange.children.append(upstream_span)
+    headers = dict(request.headers)
+    inject_trace_headers(headers, trace.set_span_in_context(upstream_span))
+
+    async def exchange_with_tiers() -> Response:
+        try:
+            tier, response = await open_chain(
+                runtime.upstream,
+                tiers,
+                lambda name: plan.body_for(name, body),
+                path,
+                headers,
+                exchange,
+            )
+        except APIError as exc:
+            exc.headers.update(route_headers(plan.cls, None, plan.reason))
+            raise
+        upstream_span.set_attribute("gateway.route.tier", tier.name)
+        answer_headers = route_headers(plan.cls, tier.name, plan.reason)
+        if wants_stream(body) and response.status_code == 200:
+            # From here on the streaming response owns the upstream and finishes the exchange.
+            return UpstreamStreamingResponse(
+                runtime.upstream, tier, response, answer_headers, exchange
+            )
+        raw = await runtime.upstream.read(tier, response)
+        prompt_tokens, exchange.output_tokens = usage_tokens(raw)
+        exchange.input_tokens = prompt_tokens or exchange.input_tokens
+        answer = whole_response(tier, response, raw, answer_headers)
+        await exchange.finish(
+            answer.status_code, "upstream_error" if answer.status_code >= 400 else None
+        )
+        return answer
+
+    answer = await unless_client_leaves(request, exchange_with_tiers)
     if answer is None:
         logger.info("client left %s before the answer; upstream request closed", path)
+        await exchange.finish(499, "client_closed_request")
         return Response(status_code=499)  # nobody is listening any more
     return answer
 
@@ -261,32 +192,51 @@ async def completions(request: Request) -> Response:
 
 
 async def list_models(request: Request) -> Response:
-    """``GET /v1/models``: the first reachable tier's entry for the served model."""
-    config = get_config(request)
-    upstream = get_upstream(request)
-    tier, response = await open_first_available(
-        upstream, candidates(request), "GET", "/v1/models", None, request.headers
+    """``GET /v1/models``: the served model's entry, from the first ready tier that answers."""
+    runtime = get_runtime(request)
+    model_name = runtime.config.model_name
+    ready = [s.name for s in runtime.board.statuses().values() if s.state == "ready"]
+    failures: list[str] = []
+    for name in ready:
+        tier = runtime.board.tiers[name]
+        try:
+            response = await runtime.upstream.send(tier, "GET", "/v1/models", None, request.headers)
+        except APIError as exc:
+            failures.append(f"{name}: {exc.code}")
+            continue
+        raw = await runtime.upstream.read(tier, response)
+        if response.status_code != 200:
+            await aclose_quietly(response)
+            failures.append(f"{name}: HTTP {response.status_code}")
+            continue
+        return _models_answer(name, raw, model_name)
+    raise APIError(
+        503,
+        f"no tier is available ({', '.join(failures) or 'none is ready'}); retry shortly",
+        SERVER_ERROR,
+        code="no_tier_available",
+        headers={"Retry-After": "5"},
     )
-    raw = await upstream.read(tier, response)
-    if response.status_code != 200:
-        return whole_response(tier, response, raw)
+
+
+def _models_answer(tier: str, raw: bytes, model_name: str) -> Response:
     try:
         payload = json.loads(raw)
         listed = [entry for entry in payload["data"] if isinstance(entry, dict)]
     except (ValueError, KeyError, TypeError) as exc:
         raise APIError(
             502,
-            f"tier '{tier.name}' sent a malformed /v1/models answer",
+            f"tier '{tier}' sent a malformed /v1/models answer",
             SERVER_ERROR,
             code="upstream_error",
         ) from exc
-    served = [entry for entry in listed if entry.get("id") == config.model_name]
+    served = [entry for entry in listed if entry.get("id") == model_name]
     if not served:
         ids = ", ".join(str(entry.get("id")) for entry in listed) or "nothing"
         raise APIError(
             502,
-            f"tier '{tier.name}' does not serve model '{config.model_name}' (it lists {ids})",
+            f"tier '{tier}' does not serve model '{model_name}' (it lists {ids})",
             SERVER_ERROR,
             code="model_mismatch",
         )
-    return JSONResponse({"object": "list", "data": served}, headers={TIER_HEADER: tier.name})
+    return JSONResponse({"object": "list", "data": served}, headers={TIER_HEADER: tier})

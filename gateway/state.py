@@ -1,14 +1,58 @@
-"""Typed access to what ``create_app`` keeps on ``app.state``."""
+"""The gateway's runtime parts, built by ``create_app``'s lifespan and kept on ``app.state``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
+from opentelemetry.trace import Tracer
 from starlette.requests import Request
 
 from gateway.config import GatewayConfig
-from gateway.tiers import TierStates
+from gateway.metrics import GatewayMetrics
+from gateway.plan import PromptCounter
+from gateway.policy import CLASS_NAMES, RoutingPolicy
+from gateway.policy_store import ActivePolicy
+from gateway.shared import SharedState
+from gateway.tier_status import TierBoard
 from gateway.upstream import Upstream
+
+
+class PolicySource(Protocol):
+    """Where the current routing policy comes from (gateway/policy_store.py, or a fixed one)."""
+
+    @property
+    def active(self) -> ActivePolicy: ...
+
+
+@dataclass(frozen=True)
+class FixedPolicy:
+    """A policy that never changes: the gateway's default when no policy file is configured."""
+
+    active: ActivePolicy
+
+
+def default_policy(tiers: Sequence[str]) -> RoutingPolicy:
+    """Every class tries the configured tiers in their configured order."""
+    route = {"tiers": list(tiers)}
+    return RoutingPolicy.model_validate(
+        {"tiers": list(tiers), "routes": dict.fromkeys(CLASS_NAMES, route)}
+    )
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Everything a request handler uses; one per app, alive while the lifespan runs."""
+
+    config: GatewayConfig
+    upstream: Upstream
+    policies: PolicySource
+    counter: PromptCounter
+    board: TierBoard
+    shared: SharedState
+    metrics: GatewayMetrics
+    tracer: Tracer
 
 
 def get_config(request: Request) -> GatewayConfig:
@@ -19,15 +63,14 @@ def get_config(request: Request) -> GatewayConfig:
     return config
 
 
+def get_runtime(request: Request) -> Runtime:
+    """The app's ``Runtime`` (exists while the lifespan runs)."""
+    runtime = getattr(request.app.state, "runtime", None)
+    if not isinstance(runtime, Runtime):
+        raise RuntimeError("app.state.runtime is not set: the gateway lifespan has not run")
+    return runtime
+
+
 def get_upstream(request: Request) -> Upstream:
     """The app's ``Upstream`` (exists while the lifespan runs)."""
-    upstream = getattr(request.app.state, "upstream", None)
-    if not isinstance(upstream, Upstream):
-        raise RuntimeError("app.state.upstream is not set: the gateway lifespan has not run")
-    return upstream
-
-
-def get_tier_states(request: Request) -> Mapping[str, str] | None:
-    """The tiers' current states, when a supervisor publishes them (else ``None``)."""
-    source: TierStates | None = getattr(request.app.state, "tier_states", None)
-    return dict(source()) if source is not None else None
+    return get_runtime(request).upstream

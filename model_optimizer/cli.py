@@ -11,8 +11,11 @@ import sys
 
 from backends.process import TierStartError
 from backends.spec import SpecError
+from gateway.policy import PolicyError
 from model_optimizer import __version__
 from model_optimizer.models import AlreadyReported, ModelError
+
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,12 +38,23 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--variants", default=None, help="serve pre-built variants (fp16/ int8/ int4/) as they are"
     )
+    up.add_argument("--policy", default=None, help="routing policy (policies/routing.yaml)")
+    up.add_argument(
+        "--redis-url", default=DEFAULT_REDIS, help=f"shared state ('' for none; {DEFAULT_REDIS})"
+    )
     opt = sub.add_parser("optimize", help="write FP16/INT8/INT4 variants of a model")
     _optimize_args(opt)
     chk = sub.add_parser("check", help="precision-check a variant folder against its model")
     chk.add_argument("--model", default="default", help="the original the variant came from")
     chk.add_argument("--variant", required=True, help="a variant folder (has metadata.json)")
     chk.add_argument("--recipe", default=None, help="thresholds (default recipe if omitted)")
+    pol = sub.add_parser("policy", help="routing policy tools")
+    pol_sub = pol.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
+    pol_chk = pol_sub.add_parser("check", help="validate a routing policy as the gateway would")
+    pol_chk.add_argument("file", metavar="FILE", help="routing policy (policies/routing.yaml)")
+    pol_chk.add_argument(
+        "--deploy", default=None, help="also require its tiers in this deployment spec"
+    )
     return parser
 
 
@@ -76,7 +90,7 @@ def _optimize(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from model_optimizer.stack import DEFAULT_SPEC, UpOptions, run_up
+    from model_optimizer.stack import DEFAULT_POLICY, DEFAULT_SPEC, UpOptions, run_up
 
     return run_up(
         UpOptions(
@@ -88,8 +102,34 @@ def _up(args: argparse.Namespace) -> int:
             spec=Path(args.spec) if args.spec else DEFAULT_SPEC,
             recipe=args.recipe,
             variants=Path(args.variants) if args.variants else None,
+            policy=Path(args.policy) if args.policy else DEFAULT_POLICY,
+            redis_url=args.redis_url or None,
         )
     )
+
+
+def _policy_check(args: argparse.Namespace) -> int:
+    """``policy check FILE [--deploy SPEC]``: the gateway's own load path, offline."""
+    from backends.spec import load_spec
+    from gateway.policy import CLASS_NAMES, PolicyError
+    from gateway.policy_store import PolicyStore
+
+    try:
+        known = [tier.name for tier in load_spec(args.deploy).tiers] if args.deploy else None
+        policy = PolicyStore(args.file, known).load().policy
+    except (PolicyError, SpecError) as exc:
+        print(f"model-optimizer: error: {exc}", file=sys.stderr)
+        return 2
+    routes = []
+    for cls in CLASS_NAMES:
+        route = policy.routes.for_class(cls)
+        if route is not None:
+            how = "most_free_kv of " if route.strategy == "most_free_kv" else ""
+            routes.append(f"{cls} -> {how}{', '.join(route.tiers)}")
+    checked = f"; all in {args.deploy}" if args.deploy else ""
+    summary = f"tiers {', '.join(policy.tiers)}; routes {'; '.join(routes)}{checked}"
+    print(f"{args.file}: ok ({summary})")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,11 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         from model_optimizer.optimize import run_check
 
         return run_check(args.model, args.variant, args.recipe)
+    if args.command == "policy":
+        return _policy_check(args)
     try:
         return _up(args)
     except AlreadyReported as exc:
         return exc.code
-    except (ModelError, SpecError) as exc:
+    except (ModelError, SpecError, PolicyError) as exc:
         print(f"model-optimizer: error: {exc}", file=sys.stderr)
         return 2
     except TierStartError as exc:

@@ -25,13 +25,15 @@ from backends.spec import load_spec, resolve_tiers
 from backends.supervisor import RestartPolicy, Supervisor
 from backends.vllm_args import LOOPBACK, TierLaunch
 from gateway.app import create_app
-from gateway.config import GatewayConfig, TierEndpoint
+from gateway.config import GatewayConfig, TierEndpoint, keys_from_environment
+from gateway.policy_store import PolicyStore
 from model_optimizer.envs import ROOT, cache_root, env_python, has_nvidia_gpu
 from model_optimizer.models import AlreadyReported, ModelError
 from model_optimizer.optimize import installed_vllm, run_in_optimize_env, run_optimize
 
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_SPEC = ROOT / "policies" / "deploy" / "tiers.yaml"
+DEFAULT_POLICY = ROOT / "policies" / "routing.yaml"
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,10 @@ class UpOptions:
     spec: Path = DEFAULT_SPEC
     recipe: str | None = None
     variants: Path | None = None  # serve these pre-built variants instead of building them
+    policy: Path = DEFAULT_POLICY  # the gateway's routing policy (reloaded when edited)
+    redis_url: str | None = (
+        "redis://127.0.0.1:6379/0"  # shared state; unreachable → local state, logged once
+    )
 
 
 def served_name(model: str) -> str:
@@ -145,6 +151,31 @@ def _tick(name: str, elapsed: float) -> None:
     print(f"\rup: tier {name} starting ... {elapsed:4.0f}s", end="", file=sys.stderr)
 
 
+def spec_tiers(spec: Path) -> list[str]:
+    """Every tier the deployment spec declares (a policy may name them all)."""
+    return [tier.name for tier in load_spec(spec).tiers]
+
+
+def gateway_config(opts: UpOptions, name: str, launches: list[TierLaunch]) -> GatewayConfig:
+    """The gateway in front of ``launches``: the policy, the fp16 variant's tokenizer (all
+    variants share it), each tier's max_model_len, Redis, and keys from the environment."""
+    tiers = [
+        TierEndpoint(
+            name=t.name, base_url=f"http://{t.host}:{t.port}", max_model_len=t.max_model_len
+        )
+        for t in launches
+    ]
+    config = GatewayConfig(
+        model_name=name,
+        tiers=tiers,
+        policy_path=str(opts.policy),
+        tokenizer_dir=str(launches[0].model_dir),
+        redis_url=opts.redis_url or None,
+        policy_extra_tiers=[t for t in spec_tiers(opts.spec) if t not in {x.name for x in tiers}],
+    )
+    return keys_from_environment(config)
+
+
 def run_up(opts: UpOptions) -> int:
     """Bring the stack up and serve until interrupted. Raises on any start failure."""
     name = opts.served_model_name or served_name(opts.model)
@@ -155,6 +186,8 @@ def run_up(opts: UpOptions) -> int:
     launches = phase_emulation(phase_launches(opts, name, variants), variants, device)
     for launch in launches:
         check_port_free(launch.host, launch.port)
+    # A bad policy (or one naming tiers the spec does not have) stops us before any tier runs.
+    PolicyStore(opts.policy, spec_tiers(opts.spec)).load()
     spec = load_spec(opts.spec)
     supervisor = Supervisor(
         launches,
@@ -170,12 +203,7 @@ def run_up(opts: UpOptions) -> int:
         print(file=sys.stderr)
         for launch in launches:
             _say(f"tier {launch.name} ready on http://{launch.host}:{launch.port}")
-        config = GatewayConfig(
-            model_name=name,
-            tiers=[
-                TierEndpoint(name=t.name, base_url=f"http://{t.host}:{t.port}") for t in launches
-            ],
-        )
+        config = gateway_config(opts, name, launches)
         app = create_app(
             config, tier_states=lambda: {k: v.value for k, v in supervisor.states().items()}
         )

@@ -25,6 +25,7 @@ from model_optimizer.envs import ROOT
 pytestmark = pytest.mark.integration
 START_TIMEOUT = 1800.0  # a cold cache converts the model and builds its variants first
 TIERS = ("fp16", "int8", "int4")
+ADMIN_KEY = "integration-admin-key"
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Stack:
     gateway_url: str
     tier_urls: dict[str, str]
     log: Path
+    policy: Path  # the stack's own copy of policies/routing.yaml, which tests may edit
     descendants: list[psutil.Process] = field(default_factory=list)
 
     def log_text(self) -> str:
@@ -76,19 +78,26 @@ def cli(*args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
 
 
 def start_stack(log: Path, tiers: tuple[str, ...] = TIERS) -> Stack:
-    """Start ``model-optimizer up`` on free loopback ports and wait until the gateway is ready."""
+    """Start ``model-optimizer up`` on free loopback ports and wait until the gateway is ready.
+
+    The gateway routes by a copy of policies/routing.yaml beside ``log`` (so a test may edit
+    it), shares state in the machine's Redis and accepts ``ADMIN_KEY`` on /admin.
+    """
     gw_port, base = free_port(), free_port_run(len(tiers))
+    policy = log.parent / "routing.yaml"
+    policy.write_text((ROOT / "policies" / "routing.yaml").read_text())
     args = ["--port", str(gw_port), "--tier-port", str(base), "--tiers", ",".join(tiers)]
+    args += ["--policy", str(policy)]
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "model_optimizer.cli", "up", *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env={**os.environ, "PYTHONPATH": str(ROOT), "MO_GATEWAY_ADMIN_KEYS": ADMIN_KEY},
         )
     urls = {name: f"http://127.0.0.1:{base + i}" for i, name in enumerate(tiers)}
-    stack = Stack(process, f"http://127.0.0.1:{gw_port}", urls, log)
+    stack = Stack(process, f"http://127.0.0.1:{gw_port}", urls, log, policy)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -6,14 +6,12 @@ import asyncio
 import json
 import socket
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import anyio
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -21,6 +19,7 @@ from starlette.routing import Route
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint
+from tests.servers import ServerThread
 
 MODEL = "stub-model"
 WAIT = 10.0  # upper bound for any event a test waits on
@@ -143,41 +142,6 @@ class StubTier:
 
     async def _health(self, request: Request) -> Response:
         return Response(status_code=self.health_status)
-
-
-class ServerThread:
-    """Runs an ASGI app with uvicorn on 127.0.0.1 (a free port) in a background thread."""
-
-    def __init__(self, app: Any) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(
-            app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
-        )
-
-    def start(self) -> None:
-        self.thread.start()
-        deadline = time.monotonic() + WAIT
-        while not self.server.started:  # uvicorn exposes no event for this
-            assert self.thread.is_alive(), "uvicorn exited during startup"
-            assert time.monotonic() < deadline, "uvicorn did not start in time"
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(WAIT)
-        if self.thread.is_alive():
-            self.server.force_exit = True
-            self.thread.join(WAIT)
-        self.sock.close()
-        assert not self.thread.is_alive(), "uvicorn did not stop"
 
 
 @pytest.fixture

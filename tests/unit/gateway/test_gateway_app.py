@@ -31,22 +31,22 @@ def test_create_app_has_no_side_effects_until_lifespan() -> None:
     first, second = create_app(config), create_app(config)
     assert first is not second
     assert first.state.config is config
-    assert not hasattr(first.state, "upstream")
+    assert not hasattr(first.state, "runtime")
 
 
 def test_lifespan_owns_one_client() -> None:
     app = create_app(_config())
     with TestClient(app) as client:
-        upstream = app.state.upstream
+        upstream = app.state.runtime.upstream
         assert isinstance(upstream, Upstream)
         http = upstream.client
         assert not http.is_closed
         assert http.trust_env is False
         assert (http.timeout.connect, http.timeout.read) == (1.5, 42.0)
         assert client.get("/healthz").status_code == 200
-        assert app.state.upstream is upstream  # the same client serves every request
+        assert app.state.runtime.upstream is upstream  # one client serves every request
     assert http.is_closed
-    assert not hasattr(app.state, "upstream")
+    assert not hasattr(app.state, "runtime")
 
 
 def test_unknown_route_and_wrong_method_use_error_shape(

@@ -220,24 +220,15 @@ def test_reasons_are_ascii() -> None:
     assert "\\u03c0" in result.reason
 
 
-def test_classification_is_deterministic_and_compiled_once() -> None:
+def test_compiled_rules_classify_as_the_policy_does() -> None:
     policy = _classes("  code:\n    keywords: [go]\n")
-    first = CompiledClasses.of(policy)
-    assert CompiledClasses.of(policy) is first
-    assert CompiledClasses.of(SMALL) is not first
+    compiled = CompiledClasses.build(policy)
     text = "go go python 1 2 3 = 4"
-    assert classify(text, 9, policy) == classify(text, 9, first)
-
-
-def test_the_compile_cache_follows_the_policy_object() -> None:
-    policy = _classes("  long: {min_tokens: 50}\n")
-    CompiledClasses.of(policy)
-    # A compiled policy still equals a fresh one, and a copy with changes is compiled anew.
-    assert policy == _classes("  long: {min_tokens: 50}\n")
+    assert classify(text, 9, policy) == classify(text, 9, compiled)
     changed = policy.model_copy(update={"long": policy.long.model_copy(update={"min_tokens": 5})})
-    assert CompiledClasses.of(changed).long_min_tokens == 5
+    assert CompiledClasses.build(changed).long_min_tokens == 5
     assert classify("hello there", 6, changed).cls == LONG
-    assert classify("hello there", 6, policy).cls == TOLERANT
+    assert classify("hello there", 6, compiled).cls == TOLERANT
 
 
 def test_an_empty_text_is_tolerant() -> None:

@@ -1,0 +1,126 @@
+"""API keys and per-key rate limits, as pure ASGI middleware (streaming passes through).
+
+- ``/v1/...``: when ``api_key_hashes`` is set, a request needs ``Authorization: Bearer <key>``
+  whose sha256 is one of them (401 ``invalid_api_key`` otherwise). With a per-minute rate
+  limit, each key (or each client address when no keys are set) gets that many requests per
+  60 s across all replicas (gateway/shared.py); over it: 429 with ``Retry-After``.
+- ``/admin/...``: always needs an admin key (``admin_key_hashes``); none configured means the
+  admin API is off (403).
+- Everything else (``/healthz``, ``/readyz``, ``/metrics``) is open, as probes expect.
+Keys are compared as digests in constant time and never logged; the rate limiter sees only a
+12-character prefix of the digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Callable, Sequence
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.errors import INVALID_REQUEST, APIError, api_error_response
+from gateway.shared import SharedState
+
+RATE_WINDOW = 60.0
+
+
+class AuthMiddleware:
+    """Checks keys and rate limits before the app sees the request."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key_hashes: Sequence[str],
+        admin_key_hashes: Sequence[str],
+        rate_limit_per_minute: int | None,
+        shared: Callable[[], SharedState | None],
+        on_reject: Callable[[str], None] | None = None,
+    ) -> None:
+        self.app = app
+        self.api_keys = tuple(api_key_hashes)
+        self.admin_keys = tuple(admin_key_hashes)
+        self.rate_limit = rate_limit_per_minute
+        self.shared = shared
+        self.on_reject = on_reject
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            await self._check(scope)
+        except APIError as exc:
+            if self.on_reject is not None:
+                self.on_reject(exc.code or "unauthorized")
+            await api_error_response(exc)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    async def _check(self, scope: Scope) -> None:
+        path: str = scope["path"]
+        if path == "/admin" or path.startswith("/admin/"):
+            if not self.admin_keys:
+                raise APIError(
+                    403, "the admin API is off: set MO_GATEWAY_ADMIN_KEYS", code="admin_disabled"
+                )
+            if not matches(bearer(scope), self.admin_keys):
+                raise _unauthorized("admin")
+            return
+        if not (path == "/v1" or path.startswith("/v1/")):
+            return
+        digest = None
+        if self.api_keys:
+            digest = matches(bearer(scope), self.api_keys)
+            if digest is None:
+                raise _unauthorized("API")
+        shared = self.shared()
+        if self.rate_limit is not None and shared is not None:
+            client = scope.get("client") or ("unknown", 0)
+            who = f"key:{digest[:12]}" if digest else f"addr:{client[0]}"
+            decision = await shared.rate_limit(who, self.rate_limit, RATE_WINDOW)
+            if not decision.allowed:
+                wait = max(1, round(decision.retry_after + 0.5))
+                raise APIError(
+                    429,
+                    f"rate limit reached: {self.rate_limit} requests per minute; retry in {wait} s",
+                    "requests",
+                    code="rate_limit_exceeded",
+                    headers={"Retry-After": str(wait)},
+                )
+
+
+def bearer(scope: Scope) -> str | None:
+    """The key of ``Authorization: Bearer <key>`` (or ``api-key: <key>``), if any."""
+    headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
+    for name, value in headers:
+        text = value.decode("latin-1").strip()
+        if name == b"authorization":
+            scheme, _, key = text.partition(" ")
+            if scheme.lower() == "bearer" and key.strip():
+                return key.strip()
+        elif name == b"api-key" and text:
+            return text
+    return None
+
+
+def matches(key: str | None, digests: Sequence[str]) -> str | None:
+    """The stored digest ``key`` hashes to, compared in constant time; ``None`` if none."""
+    if key is None:
+        return None
+    digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+    found = None
+    for stored in digests:
+        if hmac.compare_digest(digest, stored):
+            found = stored
+    return found
+
+
+def _unauthorized(kind: str) -> APIError:
+    return APIError(
+        401,
+        f"Incorrect or missing {kind} key: send 'Authorization: Bearer <key>'",
+        INVALID_REQUEST,
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )

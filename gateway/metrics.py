@@ -1,0 +1,130 @@
+"""Prometheus metrics for the gateway, owned by one ``GatewayMetrics`` object per app.
+
+Contract:
+
+* Every metric lives in the instance's own ``CollectorRegistry``; nothing touches
+  prometheus_client's default ``REGISTRY``, so two apps (or two tests) never share a value.
+* Labels: ``class`` is the routing class, ``tier`` the tier that answered (``"none"`` when no
+  tier was chosen), ``status`` the HTTP status code as a string. Callers pass values from a
+  bounded set (policy classes, configured tiers, fixed reason codes); every distinct value is
+  a new series, so free text would explode the series count.
+* ``render(accept)`` returns ``(body, content_type)``: OpenMetrics when the Accept header asks
+  for ``application/openmetrics-text``, else the Prometheus text format.
+* Nothing happens at import time.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+
+NO_TIER = "none"
+# LLM calls span milliseconds (a rejected or cached answer) to minutes (a long generation).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
+RELOAD_OUTCOMES = frozenset({"applied", "rejected", "unchanged"})
+
+
+class GatewayMetrics:
+    """The gateway's counters, histograms and gauges over a private registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        reg = self.registry
+        self.requests = Counter(
+            "gateway_requests_total",
+            "Requests answered, by routing class, tier and HTTP status.",
+            ["class", "tier", "status"],
+            registry=reg,
+        )
+        self.duration = Histogram(
+            "gateway_request_duration_seconds",
+            "Time from request received to the last response byte sent.",
+            ["class", "tier"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.ttft = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "Time until the first body byte from the tier (streamed and whole answers).",
+            ["class", "tier"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.tokens = Counter(
+            "gateway_tokens_total",
+            "Tokens processed, by direction (input = prompt, output = completion).",
+            ["class", "tier", "direction"],
+            registry=reg,
+        )
+        self.rejections = Counter(
+            "gateway_rejections_total",
+            "Requests refused before reaching a tier, by reason.",
+            ["reason"],
+            registry=reg,
+        )
+        self.fallbacks = Counter(
+            "gateway_upstream_fallbacks_total",
+            "Tiers skipped mid-chain (connect error, 503), by tier and reason.",
+            ["tier", "reason"],
+            registry=reg,
+        )
+        self.in_flight = Gauge(
+            "gateway_tier_in_flight", "Requests currently sent to the tier.", ["tier"], registry=reg
+        )
+        self.tier_up = Gauge(
+            "gateway_tier_up", "1 when the tier is ready, else 0.", ["tier"], registry=reg
+        )
+        self.reloads = Counter(
+            "gateway_policy_reloads_total",
+            "Routing policy reloads, by outcome (applied, rejected, unchanged).",
+            ["outcome"],
+            registry=reg,
+        )
+
+    def observe_request(
+        self,
+        cls: str,
+        tier: str | None,
+        status: int | str,
+        duration: float,
+        ttft: float | None = None,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+    ) -> None:
+        """Record one finished request; ``None`` leaves the optional series untouched.
+
+        Durations are seconds; token counts must not be negative.
+        """
+        tier_label = tier or NO_TIER
+        self.requests.labels(cls, tier_label, str(status)).inc()
+        self.duration.labels(cls, tier_label).observe(duration)
+        if ttft is not None:
+            self.ttft.labels(cls, tier_label).observe(ttft)
+        if input_tokens is not None:
+            self.tokens.labels(cls, tier_label, "input").inc(input_tokens)
+        if output_tokens is not None:
+            self.tokens.labels(cls, tier_label, "output").inc(output_tokens)
+
+    def reject(self, reason: str) -> None:
+        """Count a request refused before any tier saw it (e.g. ``rate_limited``)."""
+        self.rejections.labels(reason).inc()
+
+    def fallback(self, tier: str, reason: str) -> None:
+        """Count ``tier`` being skipped for the next one in the chain."""
+        self.fallbacks.labels(tier, reason).inc()
+
+    def set_tier(self, tier: str, in_flight: int, up: bool) -> None:
+        """Publish a tier's current in-flight count and readiness."""
+        self.in_flight.labels(tier).set(in_flight)
+        self.tier_up.labels(tier).set(1 if up else 0)
+
+    def policy_reload(self, outcome: str) -> None:
+        """Count a policy reload; ``outcome`` is ``applied``, ``rejected`` or ``unchanged``."""
+        if outcome not in RELOAD_OUTCOMES:
+            raise ValueError(f"unknown policy reload outcome {outcome!r}")
+        self.reloads.labels(outcome).inc()
+
+    def render(self, accept_header: str | None) -> tuple[bytes, str]:
+        """The registry in the format the Accept header asks for, and its content type."""
+        encoder, content_type = choose_encoder(accept_header or "")
+        return encoder(self.registry), content_type

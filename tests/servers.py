@@ -1,0 +1,47 @@
+"""A real uvicorn server for tests: an ASGI app on 127.0.0.1 (a free port) in a thread."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+WAIT = 10.0  # upper bound for starting or stopping
+
+
+class ServerThread:
+    """Runs an ASGI app with uvicorn on 127.0.0.1 (a free port) in a background thread."""
+
+    def __init__(self, app: Any) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+
+    def start(self) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + WAIT
+        while not self.server.started:  # uvicorn exposes no event for this
+            assert self.thread.is_alive(), "uvicorn exited during startup"
+            assert time.monotonic() < deadline, "uvicorn did not start in time"
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(WAIT)
+        if self.thread.is_alive():
+            self.server.force_exit = True
+            self.thread.join(WAIT)
+        self.sock.close()
+        assert not self.thread.is_alive(), "uvicorn did not stop"

@@ -1,0 +1,140 @@
+"""API keys, the admin key, per-key rate limits, /admin and /metrics, against a stub tier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.auth import bearer, matches
+from gateway.config import GatewayConfig, TierEndpoint, hash_key, keys_from_environment
+from model_optimizer.envs import ROOT
+
+MODEL = "stub-model"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
+KEY, ADMIN = "sk-test-key", "admin-test-key"
+
+
+def test_bearer_and_matching_use_digests() -> None:
+    scope = {"headers": [(b"authorization", b"Bearer  sk-1 ")]}
+    assert bearer(scope) == "sk-1"
+    assert bearer({"headers": [(b"api-key", b"sk-2")]}) == "sk-2"
+    assert bearer({"headers": [(b"authorization", b"Basic abc")]}) is None
+    digest = hash_key("sk-1")
+    assert matches("sk-1", [hash_key("other"), digest]) == digest
+    assert matches("sk-2", [digest]) is None
+    assert matches(None, [digest]) is None
+
+
+def test_keys_from_the_environment_are_stored_hashed() -> None:
+    config = GatewayConfig(model_name="m", tiers=[TierEndpoint(name="a", base_url="http://x")])
+    loaded = keys_from_environment(
+        config, {"MO_GATEWAY_API_KEYS": "k1, k2", "MO_GATEWAY_ADMIN_KEYS": "adm"}
+    )
+    assert loaded.api_key_hashes == [hash_key("k1"), hash_key("k2")]
+    assert loaded.admin_key_hashes == [hash_key("adm")]
+    assert "k1" not in loaded.model_dump_json()
+    with pytest.raises(ValueError, match="sha256"):
+        GatewayConfig(
+            model_name="m",
+            tiers=[TierEndpoint(name="a", base_url="http://x")],
+            api_key_hashes=["plain-key"],
+        )
+
+
+def test_v1_needs_a_valid_key_and_the_openai_client_sends_it(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = start_gateway(stub.url, api_key_hashes=[hash_key(KEY)])
+    missing = client.post(f"{gateway}/v1/chat/completions", json=CHAT)
+    assert missing.status_code == 401
+    assert missing.json()["error"]["code"] == "invalid_api_key"
+    assert missing.headers["www-authenticate"] == "Bearer"
+    assert not stub.requests  # refused before anything reached the tier
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{gateway}/v1", api_key="wrong").models.list()
+    good = openai.OpenAI(base_url=f"{gateway}/v1", api_key=KEY)
+    assert good.models.list().data[0].id == MODEL
+    assert client.get(f"{gateway}/healthz").status_code == 200  # probes stay open
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert client.post(f"{gateway}/v1/chat/completions", json=CHAT, headers=auth).is_success
+    assert "authorization" not in stub.last_request["headers"]  # the key stays at the gateway
+
+
+def test_admin_is_off_without_a_key_and_needs_its_own_key(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    off = start_gateway(stub.url)
+    assert client.get(f"{off}/admin/tiers").status_code == 403
+    gateway = start_gateway(
+        stub.url, api_key_hashes=[hash_key(KEY)], admin_key_hashes=[hash_key(ADMIN)]
+    )
+    as_user = client.get(f"{gateway}/admin/tiers", headers={"Authorization": f"Bearer {KEY}"})
+    assert as_user.status_code == 401
+    tiers = client.get(f"{gateway}/admin/tiers", headers={"Authorization": f"Bearer {ADMIN}"})
+    assert tiers.status_code == 200
+    assert tiers.json()["tiers"]["t0"]["state"] == "ready"
+    assert tiers.json()["shared_state"] is False  # no Redis configured
+
+
+def test_rate_limit_answers_429_with_retry_after(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = start_gateway(stub.url, rate_limit_per_minute=2)
+    codes = [client.post(f"{gateway}/v1/chat/completions", json=CHAT) for _ in range(3)]
+    assert [r.status_code for r in codes] == [200, 200, 429]
+    assert codes[2].json()["error"]["code"] == "rate_limit_exceeded"
+    assert 1 <= int(codes[2].headers["retry-after"]) <= 60
+    assert len(stub.requests) == 2
+
+
+def test_admin_policy_shows_the_policy_and_reloads(
+    stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Path
+) -> None:
+    policy = tmp_path / "routing.yaml"
+    policy.write_text(
+        (ROOT / "policies" / "routing.yaml")
+        .read_text()
+        .replace("[fp16, int8, int4]", "[t0]")
+        .replace("tolerant: [int4, int8, fp16]", "tolerant: [t0]")
+        .replace("code: [fp16, int8]", "code: [t0]")
+        .replace("math: [fp16, int8]", "math: [t0]")
+    )
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    gateway = start_gateway(
+        stub.url,
+        admin_key_hashes=[hash_key(ADMIN)],
+        policy_path=str(policy),
+        watch_policy=False,
+    )
+    status = client.get(f"{gateway}/admin/policy", headers=headers).json()
+    assert status["last_error"] is None
+    assert status["policy"]["routes"]["code"]["tiers"] == ["t0"]
+    answer = client.post(f"{gateway}/v1/chat/completions", json=CHAT)
+    assert (answer.headers["x-route-class"], answer.headers["x-route-tier"]) == ("tolerant", "t0")
+
+    policy.write_text("tiers: [t0]\nroutes: {tolerant: [t9]}\n")
+    reloaded = client.post(f"{gateway}/admin/policy/reload", headers=headers).json()
+    assert reloaded["outcome"] == "rejected"
+    assert "routing.yaml" in reloaded["last_error"]
+    assert reloaded["digest"] == status["digest"]
+    assert client.post(f"{gateway}/v1/chat/completions", json=CHAT).status_code == 200
+
+
+def test_metrics_count_requests_and_rejections(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = start_gateway(stub.url, api_key_hashes=[hash_key(KEY)])
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert client.post(f"{gateway}/v1/chat/completions", json=CHAT, headers=auth).is_success
+    assert client.post(f"{gateway}/v1/chat/completions", json=CHAT).status_code == 401
+    too_long = {**CHAT, "messages": [{"role": "user", "content": "x " * 3000}]}
+    assert client.post(f"{gateway}/v1/chat/completions", json=too_long, headers=auth).is_error
+    text = client.get(f"{gateway}/metrics").text
+    assert 'gateway_requests_total{class="tolerant",status="200",tier="t0"} 1.0' in text
+    assert 'gateway_rejections_total{reason="invalid_api_key"} 1.0' in text
+    assert 'gateway_rejections_total{reason="context_length_exceeded"} 1.0' in text
+    assert 'gateway_tier_up{tier="t0"} 1.0' in text
