@@ -24,6 +24,7 @@ class TierLaunch:
     kv_cache_memory_bytes: int = 256 * 1024 * 1024
     gpu_memory_utilization: float | None = None
     kv_cache_dtype: str | None = None
+    dtype: str | None = None  # --dtype (None: the variant's own)
     cpu_threads: str | None = None  # e.g. "0-1": VLLM_CPU_OMP_THREADS_BIND
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
@@ -63,6 +64,8 @@ def build_argv(python: Path, launch: TierLaunch) -> list[str]:
         argv += ["--kv-cache-memory-bytes", str(launch.kv_cache_memory_bytes)]
     if launch.kv_cache_dtype:
         argv += ["--kv-cache-dtype", launch.kv_cache_dtype]
+    if launch.dtype:
+        argv += ["--dtype", launch.dtype]
     return [*argv, *launch.extra_args]
 
 

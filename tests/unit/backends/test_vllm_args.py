@@ -42,6 +42,8 @@ def test_optional_limits_and_kv_dtype_only_when_set() -> None:
     argv = build_argv(Path("p"), _launch(max_num_batched_tokens=512, kv_cache_dtype="fp8"))
     assert _flag(argv, "--max-num-batched-tokens") == "512"
     assert _flag(argv, "--kv-cache-dtype") == "fp8"
+    assert "--dtype" not in plain
+    assert _flag(build_argv(Path("p"), _launch(dtype="float16")), "--dtype") == "float16"
 
 
 def test_env_is_offline_dev_mode_and_drops_kv_space_override() -> None:
