@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
@@ -52,6 +52,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 _ERRORS = (RedisError, ConnectionError, TimeoutError, OSError)
 MAX_RATE_WINDOW = 300.0
+_POOL_SIZE = 64  # Redis connections per replica
 _BUCKET_TTL = 310  # seconds a per-second traffic bucket is kept
 _RESERVED = "__"  # hash fields starting with this are bookkeeping, not tiers
 
@@ -200,13 +201,18 @@ class SharedState:
         if self._url is None or self._conn is not None:
             return
         t = self._op_timeout
-        client = Redis.from_url(
+        # A bounded pool whose callers wait (at most op_timeout) for a free connection: a burst
+        # of requests queues briefly instead of failing with "Too many connections".
+        pool = BlockingConnectionPool.from_url(
             self._url,
+            max_connections=_POOL_SIZE,
+            timeout=t,
             decode_responses=True,
             socket_timeout=t,
             socket_connect_timeout=t,
             retry=Retry(NoBackoff(), 0),
         )
+        client = Redis.from_pool(pool)
         inflight, ratelimit = (client.register_script(s) for s in (_INFLIGHT_LUA, _RATE_LIMIT_LUA))
         self._conn = _Conn(client, inflight, ratelimit)
         self._closing = False

@@ -390,3 +390,26 @@ def test_reconnects_after_an_outage(tmp_path: Path, caplog: pytest.LogCaptureFix
         run(scenario)
     finally:
         stop(proc)
+
+
+def test_a_burst_larger_than_the_pool_stays_shared(redis_url: str, prefix: str) -> None:
+    """300 concurrent requests (the pool holds 64 connections) queue for a connection instead
+    of failing over to local state ("Too many connections" with redis-py's default pool)."""
+    clock = Clock()
+
+    async def scenario() -> None:
+        state = SharedState(redis_url, prefix=prefix, replica_id="a", clock=clock, op_timeout=2.0)
+        await state.start()
+        try:
+            await asyncio.gather(*(state.begin("fp16") for _ in range(300)))
+            decisions = await asyncio.gather(
+                *(state.rate_limit("key", 1000, 60.0) for _ in range(300))
+            )
+            assert state.shared
+            assert await state.in_flight() == {"fp16": 300}
+            assert all(decision.allowed for decision in decisions)
+            assert await state.request_rate(1) == 300.0
+        finally:
+            await state.aclose()
+
+    run(scenario)
