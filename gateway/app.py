@@ -155,10 +155,15 @@ async def scrape_all(runtime: Runtime) -> None:
         tier = runtime.board.tiers[name]
         runtime.board.record(name, await scrape_tier(runtime.upstream, tier, model, timeout, now))
 
+    before = {name: runtime.board.state(name) for name in runtime.board.tiers}
     async with anyio.create_task_group() as group:
         for name in runtime.board.tiers:
             group.start_soon(one, name)
     states = {name: status.state for name, status in runtime.board.statuses().items()}
+    for name, state in states.items():
+        if state != before[name]:
+            log = logger.info if state == "ready" else logger.warning
+            log("tier %s: %s -> %s", name, before[name], state)
     await runtime.shared.put_tier_health(states, ttl=3 * runtime.config.metrics_interval)
 
 

@@ -130,7 +130,7 @@ async def _get(
     upstream: Upstream, tier: TierEndpoint, path: str, timeout: float
 ) -> tuple[int, str] | str:
     try:
-        response = await upstream.send(tier, "GET", path, timeout=timeout)
+        response = await upstream.send(tier, "GET", path, timeout=timeout, quiet=True)
     except APIError as exc:
         return exc.message
     try:

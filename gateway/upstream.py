@@ -75,10 +75,15 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def translate_error(exc: httpx.HTTPError, tier: TierEndpoint) -> APIError:
-    """Map an httpx exception raised while talking to ``tier`` onto a gateway error."""
+def translate_error(exc: httpx.HTTPError, tier: TierEndpoint, *, quiet: bool = False) -> APIError:
+    """Map an httpx exception raised while talking to ``tier`` onto a gateway error.
+
+    Logged as a warning unless ``quiet`` (the tier scraper, which logs state changes instead of
+    one line per failed probe).
+    """
     reason = _reason(exc)
-    logger.warning("tier %s at %s: %s", tier.name, tier.base_url, reason)
+    if not quiet:
+        logger.warning("tier %s at %s: %s", tier.name, tier.base_url, reason)
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         return UpstreamUnavailable(tier.name, reason)
     if isinstance(exc, httpx.TimeoutException):
@@ -109,6 +114,8 @@ class Upstream:
         json_body: Any = None,
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        *,
+        quiet: bool = False,
     ) -> httpx.Response:
         """Open a streamed request; the caller must close the response (``aclose_quietly``)."""
         request = self.client.build_request(
@@ -121,7 +128,7 @@ class Upstream:
         try:
             return await self.client.send(request, stream=True)
         except httpx.HTTPError as exc:
-            raise translate_error(exc, tier) from exc
+            raise translate_error(exc, tier, quiet=quiet) from exc
 
     async def iter_raw(
         self, tier: TierEndpoint, response: httpx.Response
