@@ -4,6 +4,9 @@
   edit's error (a bad edit never replaces a good policy).
 - ``POST /admin/policy/reload``: read the policy file now; answers the outcome.
 - ``GET /admin/tiers``: each tier's state, last scrape, load and in-flight count (all replicas).
+- ``GET /admin/resets``: the reset schedule, the leader, the reset under way and the history.
+- ``POST /admin/resets/{tier}``: reset a tier now (queued for the leading replica; the safety
+  rules still hold: one tier at a time, never the last ready tier of a class).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from starlette.routing import Route
 
 from gateway.errors import APIError
 from gateway.policy_store import PolicyStore
+from gateway.resets import ResetCoordinator
 from gateway.state import get_runtime
 
 
@@ -46,9 +50,33 @@ async def tiers(request: Request) -> Response:
     return JSONResponse({"shared_state": runtime.shared.shared, "tiers": described})
 
 
+def _coordinator(request: Request) -> ResetCoordinator:
+    coordinator = getattr(request.app.state, "resets", None)
+    if not isinstance(coordinator, ResetCoordinator):
+        raise RuntimeError("app.state.resets is not set: the gateway lifespan has not run")
+    return coordinator
+
+
+async def resets(request: Request) -> Response:
+    return JSONResponse(await _coordinator(request).describe())
+
+
+async def reset_now(request: Request) -> Response:
+    tier = request.path_params["tier"]
+    known = get_runtime(request).board.tiers
+    if tier not in known:
+        raise APIError(
+            404, f"unknown tier {tier!r} (this gateway has {', '.join(known)})", code="unknown_tier"
+        )
+    await _coordinator(request).request(tier)
+    return JSONResponse({"queued": tier}, status_code=202)
+
+
 def admin_routes() -> list[Route]:
     return [
         Route("/admin/policy", policy_status, methods=["GET"]),
         Route("/admin/policy/reload", policy_reload, methods=["POST"]),
         Route("/admin/tiers", tiers, methods=["GET"]),
+        Route("/admin/resets", resets, methods=["GET"]),
+        Route("/admin/resets/{tier}", reset_now, methods=["POST"]),
     ]

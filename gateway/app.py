@@ -27,12 +27,14 @@ from gateway.classify import CompiledClasses
 from gateway.config import GatewayConfig
 from gateway.errors import exception_handlers
 from gateway.health import healthz, readyz
+from gateway.leader import LeaderLock
 from gateway.limits import TokenCounter
 from gateway.metrics import GatewayMetrics
 from gateway.plan import ByteCounter, PromptCounter
 from gateway.policy_store import ActivePolicy, PolicyStore
 from gateway.proxy import chat_completions, completions, list_models
-from gateway.shared import SharedState
+from gateway.resets import ResetCoordinator, apply_shared_marks
+from gateway.shared import SharedRecords, SharedState
 from gateway.state import FixedPolicy, PolicySource, Runtime, default_policy, get_runtime
 from gateway.telemetry import build_tracer_provider, instrument_asgi, shutdown
 from gateway.tier_status import TierBoard, TierStates, scrape_tier
@@ -76,11 +78,19 @@ def create_app(
                 metrics=metrics,
                 tracer=provider.get_tracer("model_optimizer.gateway"),
             )
+            lock = LeaderLock(
+                config.redis_url,
+                f"{config.redis_prefix}:resets:leader",
+                ttl=policies.active.policy.resets.lock_ttl_seconds,
+            )
+            await lock.start()
+            coordinator = ResetCoordinator(runtime, lock)
             await scrape_all(runtime)
-            app.state.runtime = runtime
+            app.state.runtime, app.state.resets = runtime, coordinator
             try:
                 async with anyio.create_task_group() as group:
                     group.start_soon(scrape_forever, runtime)
+                    group.start_soon(coordinator.run)
                     if isinstance(policies, PolicyStore) and config.watch_policy:
                         group.start_soon(policies.watch, metrics.policy_reload)
                     try:
@@ -88,7 +98,8 @@ def create_app(
                     finally:
                         group.cancel_scope.cancel()
             finally:
-                del app.state.runtime
+                del app.state.runtime, app.state.resets
+                await lock.aclose()
                 await shared.aclose()
                 shutdown(provider)
 
@@ -159,10 +170,11 @@ async def scrape_all(runtime: Runtime) -> None:
     async with anyio.create_task_group() as group:
         for name in runtime.board.tiers:
             group.start_soon(one, name)
+    await apply_shared_marks(runtime, SharedRecords(runtime.shared))
     states = {name: status.state for name, status in runtime.board.statuses().items()}
     for name, state in states.items():
         if state != before[name]:
-            log = logger.info if state == "ready" else logger.warning
+            log = logger.warning if state == "down" else logger.info
             log("tier %s: %s -> %s", name, before[name], state)
     await runtime.shared.put_tier_health(states, ttl=3 * runtime.config.metrics_interval)
 

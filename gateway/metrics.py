@@ -74,6 +74,19 @@ class GatewayMetrics:
         self.tier_up = Gauge(
             "gateway_tier_up", "1 when the tier is ready, else 0.", ["tier"], registry=reg
         )
+        self.resets = Counter(
+            "gateway_kv_resets_total",
+            "KV-pool resets led by this replica, by tier and outcome.",
+            ["tier", "outcome"],
+            registry=reg,
+        )
+        self.reset_duration = Histogram(
+            "gateway_kv_reset_duration_seconds",
+            "Time a tier was out of routing for a reset (drain, reset, verify, warm-up).",
+            ["tier"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
         self.reloads = Counter(
             "gateway_policy_reloads_total",
             "Routing policy reloads, by outcome (applied, rejected, unchanged).",
@@ -123,6 +136,11 @@ class GatewayMetrics:
         if outcome not in RELOAD_OUTCOMES:
             raise ValueError(f"unknown policy reload outcome {outcome!r}")
         self.reloads.labels(outcome).inc()
+
+    def reset(self, tier: str, outcome: str, seconds: float) -> None:
+        """One reset of ``tier`` ended with ``outcome`` after ``seconds`` out of routing."""
+        self.resets.labels(tier=tier, outcome=outcome).inc()
+        self.reset_duration.labels(tier=tier).observe(max(seconds, 0.0))
 
     def render(self, accept_header: str | None) -> tuple[bytes, str]:
         """The registry in the format the Accept header asks for, and its content type."""

@@ -14,6 +14,10 @@ Sections:
 - ``saturation``: when a tier counts as saturated (skipped) from its scraped metrics.
 - ``limits``: prompt and completion token limits and what to do when a request exceeds them.
 - ``pinning``: whether a request header may pin a tier.
+- ``resets``: when the gateway may drain a tier and reset its KV pool (time-of-day windows, a
+  quiet-traffic condition, the least interval between two resets, drift triggers); the
+  decision itself is gateway/reset_schedule.py. Window and quiet requirements are checked only
+  when ``enabled`` (an operator's forced reset needs neither).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import re
 import types
 import typing
+import zoneinfo
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -33,11 +38,13 @@ from optimizer.recipe import _dotted, _line_of, compose_yaml
 ClassName = Literal["tolerant", "code", "math", "long"]
 CLASS_NAMES: tuple[ClassName, ...] = ("tolerant", "code", "math", "long")
 Strategy = Literal["ordered", "most_free_kv"]
+ResetWhen = Literal["window_and_quiet", "window_or_quiet", "window", "quiet"]
 Loc = tuple[str | int, ...]
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_HHMM = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])")
 
 
 class PolicyError(ValueError):
@@ -240,6 +247,101 @@ class PinningPolicy(_Section):
         return _check_name(value, "header").lower()
 
 
+# --------------------------------------------------------------------------- resets
+
+
+class ResetWindow(_Section):
+    """A time-of-day window, ``start`` inclusive to ``end`` exclusive, on the wall clock of
+    ``timezone`` (an IANA name). ``end`` before ``start`` crosses midnight (23:00-02:00)."""
+
+    start: str
+    end: str
+    timezone: str = "UTC"
+
+    @field_validator("start", "end", mode="before")
+    @classmethod
+    def _hhmm(cls, value: object) -> object:
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 24 * 60:
+            # YAML 1.1 reads an unquoted 23:00 as the base-60 number 1380
+            shown = f"{value // 60:02d}:{value % 60:02d}"
+            raise ValueError(f'write "{shown}" in quotes (unquoted, YAML reads it as {value})')
+        if not isinstance(value, str) or not _HHMM.fullmatch(value):
+            raise ValueError(f'{value!r} is not a time of day "HH:MM" (00:00 to 23:59)')
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        try:
+            zoneinfo.ZoneInfo(value)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+            raise ValueError(
+                f"unknown time zone {value!r} (an IANA name such as UTC or Europe/Paris)"
+            ) from None
+        return value
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> ResetWindow:
+        if self.start == self.end:
+            raise ValueError(f"start and end are both {self.start}: the window is empty")
+        return self
+
+    @property
+    def zone(self) -> zoneinfo.ZoneInfo:
+        return zoneinfo.ZoneInfo(self.timezone)  # zoneinfo caches one instance per name
+
+    @property
+    def start_minute(self) -> int:
+        return _minute_of_day(self.start)
+
+    @property
+    def end_minute(self) -> int:
+        return _minute_of_day(self.end)
+
+    def describe(self) -> str:
+        return f"{self.start}-{self.end} {self.timezone}"
+
+
+def _minute_of_day(hhmm: str) -> int:
+    hours, minutes = hhmm.split(":")
+    return int(hours) * 60 + int(minutes)
+
+
+class QuietCondition(_Section):
+    """Traffic across all replicas below ``max_rps`` requests/s for at least ``for_seconds``."""
+
+    max_rps: PositiveFloat = 0.5
+    for_seconds: PositiveFloat = 120.0
+
+
+class ResetTriggers(_Section):
+    """Drift that makes a tier due before ``min_interval_seconds`` (``None``: trigger off)."""
+
+    preemptions_growth: PositiveFloat | None = None  # vllm:num_preemptions_total growth
+    ttft_p90_factor: float | None = Field(default=None, gt=1)  # TTFT p90 > factor x baseline
+
+
+class ResetsPolicy(_Section):
+    """KV-pool resets in low-traffic windows; see policies/routing.yaml for each field."""
+
+    enabled: bool = False
+    windows: list[ResetWindow] = Field(default_factory=list)
+    quiet: QuietCondition | None = None
+    when: ResetWhen = "window_and_quiet"
+    min_interval_seconds: PositiveFloat = 21600.0
+    drain_timeout_seconds: PositiveFloat = 60.0
+    triggers: ResetTriggers = Field(default_factory=ResetTriggers)
+    lock_ttl_seconds: PositiveFloat = 30.0
+
+    @property
+    def needs_window(self) -> bool:
+        return self.when != "quiet"
+
+    @property
+    def needs_quiet(self) -> bool:
+        return self.when != "window"
+
+
 class RoutingPolicy(_Section):
     """The whole file."""
 
@@ -249,6 +351,7 @@ class RoutingPolicy(_Section):
     saturation: SaturationPolicy = Field(default_factory=SaturationPolicy)
     limits: LimitsPolicy = Field(default_factory=LimitsPolicy)
     pinning: PinningPolicy = Field(default_factory=PinningPolicy)
+    resets: ResetsPolicy = Field(default_factory=ResetsPolicy)
 
     @field_validator("tiers")
     @classmethod
@@ -311,6 +414,17 @@ def _problems(policy: RoutingPolicy) -> Iterator[tuple[Loc, str]]:
         if name not in known:
             loc: Loc = ("limits", "tier_max_input_tokens", name)
             yield loc, f"unknown tier {name} (tiers: {declared})"
+    yield from _reset_problems(policy.resets)
+
+
+def _reset_problems(resets: ResetsPolicy) -> Iterator[tuple[Loc, str]]:
+    """An enabled ``resets`` must have what its ``when`` needs (disabled: not checked)."""
+    if not resets.enabled:
+        return
+    if resets.needs_window and not resets.windows:
+        yield ("resets", "windows"), f"give at least one window (when: {resets.when})"
+    if resets.needs_quiet and resets.quiet is None:
+        yield ("resets", "quiet"), f"required by when: {resets.when}"
 
 
 def _unknown_tiers(policy: RoutingPolicy, known: Sequence[str] | None) -> Iterator[tuple[Loc, str]]:

@@ -48,6 +48,8 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
+from gateway.shared_lua import INFLIGHT, RATE_LIMIT
+
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 _ERRORS = (RedisError, ConnectionError, TimeoutError, OSError)
@@ -55,34 +57,6 @@ MAX_RATE_WINDOW = 300.0
 _POOL_SIZE = 64  # Redis connections per replica
 _BUCKET_TTL = 310  # seconds a per-second traffic bucket is kept
 _RESERVED = "__"  # hash fields starting with this are bookkeeping, not tiers
-
-_INFLIGHT_LUA = """
-local owner, seq = unpack(redis.call('HMGET', KEYS[1], '__owner', '__seq'))
-if owner ~= ARGV[1] or tonumber(ARGV[2]) > tonumber(seq or '-1') then
-  redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[1], '__owner', ARGV[1], '__seq', ARGV[2], unpack(ARGV, 6))
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('SADD', KEYS[2], ARGV[4])
-if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
-if KEYS[3] then
-  redis.call('INCR', KEYS[3])
-  redis.call('EXPIRE', KEYS[3], ARGV[5])
-end
-return 1
-"""
-_RATE_LIMIT_LUA = """
-local now, per, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - per)
-local count = redis.call('ZCARD', KEYS[1])
-if count < limit then
-  redis.call('ZADD', KEYS[1], now, ARGV[4])
-  redis.call('PEXPIRE', KEYS[1], math.ceil(per * 1000))
-  return {1, '0', limit - count - 1}
-end
-local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return {0, tostring(tonumber(oldest[2]) + per - now), 0}
-"""
 
 
 @dataclass(frozen=True)
@@ -103,6 +77,8 @@ class _Local:
     windows: dict[str, deque[float]] = field(default_factory=dict)  # one per key id seen
     health: dict[str, str] = field(default_factory=dict)
     health_until: float = 0.0
+    values: dict[str, tuple[str, float]] = field(default_factory=dict)  # name -> (value, until)
+    lists: dict[str, list[str]] = field(default_factory=dict)
 
     def count_request(self, second: int) -> None:
         self.buckets[second] = self.buckets.get(second, 0) + 1
@@ -213,7 +189,7 @@ class SharedState:
             retry=Retry(NoBackoff(), 0),
         )
         client = Redis.from_pool(pool)
-        inflight, ratelimit = (client.register_script(s) for s in (_INFLIGHT_LUA, _RATE_LIMIT_LUA))
+        inflight, ratelimit = (client.register_script(s) for s in (INFLIGHT, RATE_LIMIT))
         self._conn = _Conn(client, inflight, ratelimit)
         self._closing = False
         await self._reconnect()
@@ -387,3 +363,59 @@ class SharedState:
 
     async def _get_health(self, conn: _Conn) -> dict[str, str]:
         return _parse_health(await conn.client.get(self._key("health")))
+
+
+class SharedRecords:
+    """Small named values and capped lists beside a ``SharedState`` (same Redis, same
+    fallback): the reset coordinator's marks and history. Values are strings (JSON)."""
+
+    def __init__(self, state: SharedState) -> None:
+        self._state = state
+
+    async def put(self, name: str, value: str | None, ttl: float) -> None:
+        """Set ``name`` for ``ttl`` seconds (``None`` deletes it)."""
+        state, key = self._state, self._state._key("value", name)
+        if value is None:
+            state._local.values.pop(name, None)
+            await state._run(lambda c: c.client.delete(key))
+            return
+        state._local.values[name] = (value, state._clock() + ttl)
+        await state._run(lambda c: c.client.set(key, value, px=max(1, int(ttl * 1000))))
+
+    async def get(self, name: str) -> str | None:
+        state = self._state
+        found = await state._run(lambda c: c.client.get(state._key("value", name)))
+        if state.shared:
+            return str(found) if found is not None else None
+        value, until = state._local.values.get(name, (None, 0.0))
+        return value if state._clock() < until else None
+
+    async def push(self, name: str, value: str, keep: int = 100) -> None:
+        """Prepend ``value`` to the list ``name``, keeping the newest ``keep``."""
+        state, key = self._state, self._state._key("list", name)
+        local = state._local.lists.setdefault(name, [])
+        local.insert(0, value)
+        del local[keep:]
+
+        async def push(conn: _Conn) -> None:
+            await conn.client.lpush(key, value)
+            await conn.client.ltrim(key, 0, keep - 1)
+
+        await state._run(push)
+
+    async def pop(self, name: str) -> str | None:
+        """Take the oldest entry of the list ``name`` (``None`` when empty)."""
+        state = self._state
+        found = await state._run(lambda c: c.client.rpop(state._key("list", name)))
+        if state.shared:
+            return str(found) if found is not None else None
+        local = state._local.lists.get(name, [])
+        return local.pop() if local else None
+
+    async def items(self, name: str, count: int = 100) -> list[str]:
+        """The newest ``count`` entries of the list ``name``, newest first."""
+        state = self._state
+        found = await state._run(lambda c: c.client.lrange(state._key("list", name), 0, count - 1))
+        if found is not None:
+            return [str(item) for item in found]
+        return list(state._local.lists.get(name, [])[:count])

@@ -72,6 +72,11 @@ class TierBoard:
         scrape = self._scrapes.get(name)
         return READY if scrape is None or scrape.healthy else DOWN
 
+    def metrics(self, name: str) -> TierMetrics | None:
+        """The tier's last scraped metrics (``None``: none yet)."""
+        scrape = self._scrapes.get(name)
+        return scrape.metrics if scrape is not None else None
+
     def statuses(self) -> dict[str, TierStatus]:
         """Every configured tier's ``TierStatus``, in configuration order."""
         out: dict[str, TierStatus] = {}

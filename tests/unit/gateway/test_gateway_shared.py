@@ -16,7 +16,8 @@ from uuid import uuid4
 import pytest
 import redis
 
-from gateway.shared import _INFLIGHT_LUA, RateDecision, SharedState
+from gateway.shared import RateDecision, SharedState
+from gateway.shared_lua import INFLIGHT
 
 T = TypeVar("T")
 LOGGER = "gateway.shared"
@@ -155,10 +156,10 @@ def test_late_in_flight_write_cannot_roll_back(redis_url: str, prefix: str) -> N
             await a.begin("fp16")
             await a.begin("fp16")
             stale = (a._owner, 1, 15_000, "a", 310, "fp16", 7)  # seq 1: the first begin's
-            await client.eval(_INFLIGHT_LUA, 2, *keys, *stale)
+            await client.eval(INFLIGHT, 2, *keys, *stale)
             assert await a.in_flight() == {"fp16": 2}
             restarted = ("another-process", 1, 15_000, "a", 310, "fp16", 7)  # same replica id
-            await client.eval(_INFLIGHT_LUA, 2, *keys, *restarted)
+            await client.eval(INFLIGHT, 2, *keys, *restarted)
             assert await a.in_flight() == {"fp16": 7}
         finally:
             await client.aclose()

@@ -1,0 +1,226 @@
+"""KV-pool resets on the real tiers: under load through the gateway, and across two replicas."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from backends.process import free_port
+from gateway.config import GatewayConfig, TierEndpoint, hash_key
+from model_optimizer.envs import ROOT, cache_root
+from tests.integration.conftest import ADMIN_KEY, Stack
+
+pytestmark = pytest.mark.integration
+MODEL = "SmolLM2-135M-Instruct"
+PROMPTS = ["Hi! How are you today?", "Write a Python function that adds two numbers."]
+
+
+def _admin(key: str = ADMIN_KEY) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _reset_record(url: str, tier: str, after: float, key: str = ADMIN_KEY) -> dict[str, Any]:
+    """The first reset of ``tier`` that started after ``after`` (waits, bounded)."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        history = httpx.get(f"{url}/admin/resets", headers=_admin(key), timeout=10).json()
+        for record in history["history"]:
+            if record["tier"] == tier and record["started_at"] >= after:
+                return dict(record)
+        time.sleep(0.5)
+    pytest.fail(f"no reset of {tier} recorded in 180 s")
+
+
+def test_each_tier_resets_under_load_without_a_failed_request(stack: Stack) -> None:
+    results: list[int] = []
+    stop = threading.Event()
+
+    def load(worker: int) -> None:
+        with httpx.Client(timeout=120) as client:
+            for i in range(300):  # bounded even if the resets never finish
+                if stop.is_set():
+                    return
+                body = {
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": PROMPTS[(worker + i) % 2]}],
+                    "max_tokens": 4,
+                }
+                try:
+                    answer = client.post(f"{stack.gateway_url}/v1/chat/completions", json=body)
+                    results.append(answer.status_code)
+                except httpx.HTTPError:
+                    results.append(-1)
+
+    records = []
+    with ThreadPoolExecutor(2) as pool:
+        workers = [pool.submit(load, w) for w in range(2)]
+        try:
+            for tier in ("fp16", "int8", "int4"):
+                asked = time.time() - 1
+                queued = httpx.post(
+                    f"{stack.gateway_url}/admin/resets/{tier}", headers=_admin(), timeout=10
+                )
+                assert queued.status_code == 202, queued.text
+                records.append(_reset_record(stack.gateway_url, tier, asked))
+        finally:
+            stop.set()
+            for worker in workers:
+                worker.result(timeout=300)
+    for record in records:
+        # "ok" means the reset primitive's probe saw the prefix cache empty afterwards.
+        assert record["outcome"] == "ok", record
+    assert results and all(status == 200 for status in results), sorted(set(results))
+    metrics = httpx.get(f"{stack.gateway_url}/metrics", timeout=10).text
+    assert 'gateway_kv_resets_total{outcome="ok",tier="int8"}' in metrics
+
+
+def test_an_unknown_tier_cannot_be_reset(stack: Stack) -> None:
+    answer = httpx.post(f"{stack.gateway_url}/admin/resets/fp64", headers=_admin(), timeout=10)
+    assert answer.status_code == 404
+    assert answer.json()["error"]["code"] == "unknown_tier"
+
+
+KEY = "reset-replica-admin-key"
+LOCK_TTL = 3.0
+
+
+@pytest.fixture
+def replicas(stack: Stack, tmp_path: Path) -> Iterator[list[tuple[str, subprocess.Popen[bytes]]]]:
+    """Two ``python -m gateway`` processes sharing one Redis prefix and a short leader lock."""
+    policy = yaml.safe_load((ROOT / "policies" / "routing.yaml").read_text())
+    policy["resets"].update(
+        {"enabled": False, "lock_ttl_seconds": LOCK_TTL, "drain_timeout_seconds": 120}
+    )
+    policy_path = tmp_path / "routing.yaml"
+    policy_path.write_text(yaml.safe_dump(policy))
+    tiers = [
+        TierEndpoint(name=name, base_url=url, max_model_len=2048)
+        for name, url in stack.tier_urls.items()
+    ]
+    config = GatewayConfig(
+        model_name=MODEL,
+        tiers=tiers,
+        policy_path=str(policy_path),
+        tokenizer_dir=str(cache_root() / "variants" / MODEL / "fp16"),
+        redis_url="redis://127.0.0.1:6379/0",
+        redis_prefix=f"mo:test:{uuid.uuid4().hex[:8]}",
+        admin_key_hashes=[hash_key(KEY)],
+        metrics_interval=1.0,
+    )
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    running: list[tuple[str, subprocess.Popen[bytes]]] = []
+    try:
+        for i in range(2):
+            port = free_port()
+            with (tmp_path / f"gateway{i}.log").open("wb") as log:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "gateway", "--config", str(path), "--port", str(port)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=ROOT,
+                    env={**os.environ, "PYTHONPATH": str(ROOT)},
+                )
+            running.append((f"http://127.0.0.1:{port}", process))
+        for url, process in running:
+            _wait_ready(url, process)
+        yield running
+    finally:
+        for _, process in running:
+            if process.poll() is None:
+                process.terminate()
+        for _, process in running:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+
+
+def test_one_replica_leads_and_a_dead_leader_lets_the_tier_go(
+    replicas: list[tuple[str, subprocess.Popen[bytes]]],
+) -> None:
+    (first, _), (second, _) = replicas
+    long_body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": PROMPTS[0]}],
+        "max_tokens": 300,
+        "ignore_eos": True,
+    }
+    with ThreadPoolExecutor(1) as pool:
+        # A long answer on int4 keeps the reset waiting in its drain phase.
+        busy = pool.submit(httpx.post, f"{first}/v1/chat/completions", json=long_body, timeout=120)
+        _wait_until(lambda: _tiers(second)["int4"]["in_flight"] == 1)
+        assert httpx.post(f"{second}/admin/resets/int4", headers=_admin(KEY)).status_code == 202
+        _wait_until(lambda: _tiers(first)["int4"]["state"] == "draining")
+        assert _tiers(second)["int4"]["state"] == "draining"
+        views = [_resets(url) for url, _ in replicas]
+        leaders = [v for v in views if v["leader"]["holder"] == v["leader"]["this_replica"]]
+        assert len(leaders) == 1  # exactly one replica leads
+        assert views[0]["leader"]["holder"] == views[1]["leader"]["holder"]
+        leader = 0 if leaders[0] is views[0] else 1
+        survivor_url = replicas[1 - leader][0]
+        replicas[leader][1].send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        # The dead leader's marks expire with its lock: the tier is routed to again.
+        _wait_until(lambda: _tiers(survivor_url)["int4"]["state"] == "ready", timeout=LOCK_TTL + 10)
+        assert time.monotonic() - killed_at < LOCK_TTL + 10
+        record = _wait_for_record(survivor_url, "abandoned")
+        assert record["tier"] == "int4"
+        if leader == 1:  # the long request went through the survivor: it must complete
+            assert busy.result(timeout=120).status_code == 200
+
+
+def _wait_for_record(url: str, outcome: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for record in _resets(url)["history"]:
+            if record["outcome"] == outcome:
+                return dict(record)
+        time.sleep(0.5)
+    pytest.fail(f"no {outcome} reset recorded at {url}")
+
+
+def _tiers(url: str) -> dict[str, Any]:
+    answer = httpx.get(f"{url}/admin/tiers", headers=_admin(KEY), timeout=10)
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json()["tiers"])
+
+
+def _resets(url: str) -> dict[str, Any]:
+    answer = httpx.get(f"{url}/admin/resets", headers=_admin(KEY), timeout=10)
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+def _wait_until(condition: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.2)
+
+
+def _wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"gateway at {url} exited with {process.returncode}"
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    pytest.fail(f"gateway at {url} not ready in 60 s")
