@@ -186,7 +186,7 @@ class ResetCoordinator:
         except TierClientError as exc:
             return "failed", str(exc)
         outcome = "ok" if result.verified else "unverified"
-        return outcome, f"{result.method}: {result.detail}"
+        return outcome, result.detail
 
     async def _keep_leading(self, tier: str, token: int, stop: Callable[[], None]) -> None:
         """Renew the lock and the tier's mark; stop the reset when leadership is lost."""
