@@ -27,6 +27,7 @@ GENERATION_TOKENS = ("vllm:generation_tokens_total",)
 FINISHED = ("vllm:request_success_total",)
 TTFT_SUM = ("vllm:time_to_first_token_seconds_sum",)
 TTFT_COUNT = ("vllm:time_to_first_token_seconds_count",)
+TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
 E2E_SUM = ("vllm:e2e_request_latency_seconds_sum",)
 E2E_COUNT = ("vllm:e2e_request_latency_seconds_count",)
 SLEEP_STATE = "vllm:engine_sleep_state"
@@ -60,6 +61,8 @@ class TierMetrics:
     sleep_level: int | None = None  # 0 awake, 1 weights offloaded, 2 discard all
     block_size: int | None = None  # KV block size in tokens, from vllm:cache_config_info
     prefix_caching_enabled: bool | None = None
+    # vllm:time_to_first_token_seconds cumulative buckets: (upper bound s, count), le ascending.
+    ttft_buckets: tuple[tuple[float, float], ...] = ()
     missing: tuple[str, ...] = ()  # families absent from the scrape (their fields read 0/None)
 
 
@@ -128,6 +131,7 @@ def parse_metrics(text: str, model_name: str | None = None) -> TierMetrics:
     sleep_level = _sleep_level(by_name.get(SLEEP_STATE, []))
     if SLEEP_STATE not in by_name:
         missing.append(SLEEP_STATE)
+    ttft_buckets = _buckets(by_name.get(TTFT_BUCKET, []))
     block_size, prefix_caching = _cache_config(by_name.get(CACHE_CONFIG, []))
     if CACHE_CONFIG not in by_name:
         missing.append(CACHE_CONFIG)
@@ -136,6 +140,7 @@ def parse_metrics(text: str, model_name: str | None = None) -> TierMetrics:
         sleep_level=sleep_level,
         block_size=block_size,
         prefix_caching_enabled=prefix_caching,
+        ttft_buckets=ttft_buckets,
         missing=tuple(missing),
         **values,
     )
@@ -218,3 +223,40 @@ def _cache_config(samples: list[Sample]) -> tuple[int | None, bool | None]:
         block_size = None
     caching = labels.get("enable_prefix_caching")
     return block_size, (caching == "True" if caching in ("True", "False") else None)
+
+
+def _buckets(samples: Iterable[Sample]) -> tuple[tuple[float, float], ...]:
+    """Cumulative histogram buckets summed across engines, by ascending upper bound."""
+    counts: dict[float, float] = {}
+    for sample in samples:
+        try:
+            bound = float(sample.labels.get("le", "nan"))
+        except ValueError:
+            continue
+        if bound == bound:  # not NaN
+            counts[bound] = counts.get(bound, 0.0) + sample.value
+    return tuple(sorted(counts.items()))
+
+
+def histogram_quantile(
+    q: float,
+    now: tuple[tuple[float, float], ...],
+    before: tuple[tuple[float, float], ...] = (),
+) -> float | None:
+    """The ``q`` quantile of the observations between two scrapes of cumulative buckets (as
+    Prometheus' ``histogram_quantile``: linear inside the bucket; the last finite bound for
+    the +Inf bucket). ``None`` without observations, or when a counter went back (restart)."""
+    earlier = dict(before)
+    delta = [(bound, count - earlier.get(bound, 0.0)) for bound, count in now]
+    if not delta or any(count < 0 for _, count in delta) or delta[-1][1] <= 0:
+        return None
+    rank = q * delta[-1][1]
+    lower, below = 0.0, 0.0
+    for bound, count in delta:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            inside = count - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = bound, count
+    return lower

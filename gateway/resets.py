@@ -37,6 +37,7 @@ from gateway.leader import LeaderLock
 from gateway.reset_schedule import ResetDecision, TierResetState, choose_reset
 from gateway.shared import SharedRecords
 from gateway.state import Runtime
+from gateway.ttft_drift import TtftDrift
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class ResetCoordinator:
         self._tier_client = tier_client or self._default_client
         self.quiet_since: float | None = None
         self.last_decision: ResetDecision | None = None
+        self.ttft = TtftDrift()
 
     # ------------------------------------------------------------------ the loop
 
@@ -186,6 +188,7 @@ class ResetCoordinator:
         except TierClientError as exc:
             return "failed", str(exc)
         outcome = "ok" if result.verified else "unverified"
+        self.ttft.reset_done(tier, self.clock(), self._ttft_buckets(tier))
         return outcome, result.detail
 
     async def _keep_leading(self, tier: str, token: int, stop: Callable[[], None]) -> None:
@@ -253,7 +256,9 @@ class ResetCoordinator:
     async def _tier_states(self) -> list[TierResetState]:
         history = await self.history()
         out = []
+        now = self.clock()
         for name, status in self.runtime.board.statuses().items():
+            self.ttft.observe(name, now, self._ttft_buckets(name))
             last = next((r for r in history if r.tier == name and r.outcome == "ok"), None)
             out.append(
                 TierResetState(
@@ -262,8 +267,8 @@ class ResetCoordinator:
                     last_reset_at=last.started_at if last else None,
                     preemptions=self._preemptions(name),
                     preemptions_at_last_reset=last.preemptions if last else 0.0,
-                    ttft_p90_ms=None,
-                    ttft_baseline_p90_ms=None,
+                    ttft_p90_ms=self.ttft.recent_p90_ms(name),
+                    ttft_baseline_p90_ms=self.ttft.baseline_p90_ms(name),
                 )
             )
         return out
@@ -288,6 +293,10 @@ class ResetCoordinator:
         return [
             ResetRecord(**json.loads(item)) for item in await self.records.items(HISTORY, count)
         ]
+
+    def _ttft_buckets(self, tier: str) -> tuple[tuple[float, float], ...]:
+        metrics = self.runtime.board.metrics(tier)
+        return metrics.ttft_buckets if metrics is not None else ()
 
     def _preemptions(self, tier: str) -> float:
         metrics = self.runtime.board.metrics(tier)

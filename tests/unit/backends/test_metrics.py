@@ -1,3 +1,4 @@
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,10 @@ def _fixture(name: str) -> str:
 
 def test_real_idle_scrape_is_read_field_by_field() -> None:
     m = parse_metrics(_fixture("cpu-idle"), "m")
-    assert m == TierMetrics(
+    buckets = dict(m.ttft_buckets)
+    assert (buckets[0.1], buckets[0.25], buckets[7.5], buckets[float("inf")]) == (0, 2, 5, 5)
+    assert len(buckets) == 23
+    assert dataclasses.replace(m, ttft_buckets=()) == TierMetrics(
         requests_running=0.0,
         requests_waiting=0.0,
         kv_cache_usage=0.0,
@@ -162,3 +166,27 @@ def test_counters_going_down_mean_a_restart() -> None:
     assert d.restarted
     assert (d.prefix_cache_queries, d.prefix_cache_hits) == (10.0, 4.0)
     assert prefix_hit_rate(idle, restarted) == pytest.approx(0.4)
+
+
+def test_ttft_buckets_are_parsed_and_summed_across_engines() -> None:
+    text = (DATA / "vllm-0.32-cpu-running.txt").read_text()
+    buckets = parse_metrics(text).ttft_buckets
+    bounds = [bound for bound, _ in buckets]
+    assert bounds == sorted(bounds) and bounds[-1] == float("inf")
+    counts = [count for _, count in buckets]
+    assert counts == sorted(counts)  # cumulative
+
+
+def test_histogram_quantile_interpolates_inside_the_bucket() -> None:
+    from backends.metrics import histogram_quantile
+
+    now = ((0.1, 10.0), (0.5, 50.0), (1.0, 100.0), (float("inf"), 100.0))
+    assert histogram_quantile(0.5, now) == pytest.approx(0.5)
+    assert histogram_quantile(0.9, now) == pytest.approx(0.5 + 0.5 * (90 - 50) / 50)
+    before = ((0.1, 10.0), (0.5, 50.0), (1.0, 50.0), (float("inf"), 50.0))
+    # Only the 50 observations since `before`: all between 0.5 and 1.0 s.
+    assert 0.5 < histogram_quantile(0.1, now, before) < 0.6  # type: ignore[operator]
+    assert histogram_quantile(0.9, before, before) is None  # nothing new
+    assert histogram_quantile(0.9, before, now) is None  # a counter went back: restart
+    everything_slow = ((1.0, 0.0), (float("inf"), 5.0))
+    assert histogram_quantile(0.9, everything_slow) == 1.0  # +Inf: the last finite bound
