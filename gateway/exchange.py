@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 from opentelemetry.trace import Span, Status, StatusCode
 
 from gateway.metrics import GatewayMetrics
@@ -60,8 +61,10 @@ class Exchange:
         """The request is now in flight on ``tier``."""
         await self.release()
         self.tier = tier
-        await self.shared.begin(tier)
+        # Held before the await: begin() counts locally first, so a cancellation during its
+        # Redis write must still release the slot.
         self.holds_slot = True
+        await self.shared.begin(tier)
 
     async def release(self) -> None:
         if self.holds_slot:
@@ -77,11 +80,14 @@ class Exchange:
             self.ttft = self.clock() - self.started
 
     async def finish(self, status: int, error: str | None = None) -> None:
-        """Record the outcome once; later calls do nothing."""
+        """Record the outcome once; later calls do nothing. ``error`` names why the gateway
+        refused the request (counted in ``gateway_rejections_total``); answers the tier gave,
+        streams cut short and clients that left are counted by status only."""
         if self.finished:
             return
         self.finished = True
-        await self.release()
+        with anyio.CancelScope(shield=True):  # may run in a scope the client's leaving cancels
+            await self.release()
         duration = self.clock() - self.started
         self.metrics.observe_request(
             self.cls,
@@ -126,6 +132,13 @@ class SSECounter:
         self._partial = b""
         self.events = 0
         self.usage_tokens: int | None = None
+        self.completed = False  # the tier's stream ended normally
+        self.failure: int | None = None  # status of the error that ended it early
+
+    @property
+    def status(self) -> int:
+        """The stream's outcome as an HTTP status: 200, the failure's, or 499 (client left)."""
+        return self.failure or (200 if self.completed else 499)
 
     def feed(self, chunk: bytes) -> None:
         lines = (self._partial + chunk).split(b"\n")

@@ -168,15 +168,13 @@ async def _completion(
         prompt_tokens, exchange.output_tokens = usage_tokens(raw)
         exchange.input_tokens = prompt_tokens or exchange.input_tokens
         answer = whole_response(tier, response, raw, answer_headers)
-        await exchange.finish(
-            answer.status_code, "upstream_error" if answer.status_code >= 400 else None
-        )
+        await exchange.finish(answer.status_code)
         return answer
 
     answer = await unless_client_leaves(request, exchange_with_tiers)
     if answer is None:
         logger.info("client left %s before the answer; upstream request closed", path)
-        await exchange.finish(499, "client_closed_request")
+        await exchange.finish(499)
         return Response(status_code=499)  # nobody is listening any more
     return answer
 

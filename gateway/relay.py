@@ -120,7 +120,11 @@ async def relay_sse(
                         counter.feed(chunk)
                     tail = (tail + chunk)[-2:]
                     yield chunk
+        if counter is not None:
+            counter.completed = True
     except APIError as exc:
+        if counter is not None:
+            counter.failure = exc.status
         separator = b"" if tail == b"\n\n" else b"\n\n"
         yield separator + sse_error_event(exc)
     finally:
@@ -161,7 +165,7 @@ class UpstreamStreamingResponse(StreamingResponse):
                 await aclose_quietly(self._upstream_response)
                 if self._exchange is not None:
                     self._exchange.output_tokens = self._counter.tokens
-                    await self._exchange.finish(self.status_code)
+                    await self._exchange.finish(self._counter.status)
 
 
 async def unless_client_leaves(request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
