@@ -235,6 +235,12 @@ class LimitsPolicy(_Section):
         return self.tier_max_input_tokens.get(tier) if tier is not None else None
 
 
+class TimeoutsPolicy(_Section):
+    """How long a tier may take before the chain moves on (see policies/routing.yaml)."""
+
+    first_byte_seconds: PositiveFloat = 120.0
+
+
 class PinningPolicy(_Section):
     """Whether a request may choose its tier with a header (an operator's tool)."""
 
@@ -351,6 +357,7 @@ class RoutingPolicy(_Section):
     saturation: SaturationPolicy = Field(default_factory=SaturationPolicy)
     limits: LimitsPolicy = Field(default_factory=LimitsPolicy)
     pinning: PinningPolicy = Field(default_factory=PinningPolicy)
+    timeouts: TimeoutsPolicy = Field(default_factory=TimeoutsPolicy)
     resets: ResetsPolicy = Field(default_factory=ResetsPolicy)
 
     @field_validator("tiers")

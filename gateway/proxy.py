@@ -153,6 +153,7 @@ async def _completion(
                 path,
                 headers,
                 exchange,
+                active.policy.timeouts.first_byte_seconds,
             )
         except APIError as exc:
             exc.headers.update(route_headers(plan.cls, None, plan.reason))

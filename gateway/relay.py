@@ -40,16 +40,24 @@ async def open_chain(
     path: str,
     headers: Mapping[str, str],
     exchange: Exchange,
+    first_byte: float = float("inf"),
 ) -> tuple[TierEndpoint, httpx.Response]:
-    """Open the request on the first tier that connects and does not answer 503."""
+    """Open the request on the first tier that connects, answers within ``first_byte``
+    seconds and does not answer 503."""
     failures: list[str] = []
     for tier in tiers:
         await exchange.acquire(tier.name)
+        response = None
         try:
-            response = await upstream.send(tier, "POST", path, body_for(tier.name), headers)
+            with anyio.move_on_after(first_byte):
+                response = await upstream.send(tier, "POST", path, body_for(tier.name), headers)
         except UpstreamUnavailable:
             failures.append(f"{tier.name} unreachable")
             exchange.fell_back(tier.name, "unreachable")
+            continue
+        if response is None:  # cancelling the send closed its connection: vLLM aborts
+            failures.append(f"{tier.name} did not answer within {first_byte:g} s")
+            exchange.fell_back(tier.name, "timeout")
             continue
         if response.status_code == 503:
             await aclose_quietly(response)

@@ -84,6 +84,22 @@ def test_tiers_listen_on_loopback_only(stack: Stack) -> None:
             if c.status == psutil.CONN_LISTEN and c.laddr.port == port
         ]
         assert others == ["127.0.0.1"]
+    # And a connection to the machine's other addresses is refused, for tiers and gateway.
+    import socket
+
+    addresses = [
+        a.address
+        for addrs in psutil.net_if_addrs().values()
+        for a in addrs
+        if a.family == socket.AF_INET and not a.address.startswith("127.")
+    ]
+    assert addresses, "this machine has no non-loopback IPv4 address to try"
+    gateway_port = int(stack.gateway_url.rsplit(":", 1)[1])
+    for address in addresses:
+        for port in [gateway_port, *(stack.tier_port(name) for name in stack.tier_urls)]:
+            with socket.socket() as sock, pytest.raises(ConnectionRefusedError):
+                sock.settimeout(5)
+                sock.connect((address, port))
 
 
 def test_sigterm_shutdown_leaves_no_vllm_process(tmp_path: Path) -> None:

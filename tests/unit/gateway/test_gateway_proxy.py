@@ -408,3 +408,25 @@ def test_streaming_response_closes_upstream_when_a_send_fails() -> None:
 def test_streaming_response_closes_upstream_on_disconnect_message() -> None:
     scope = {"type": "http", "asgi": {"spec_version": "2.3"}}
     assert asyncio.run(_relay_until(scope, fail_on_send=None)).closed
+
+
+def test_a_tier_silent_past_the_policy_timeout_is_given_up_for_the_next(
+    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+) -> None:
+    slow, spare = make_stub(), make_stub()
+    slow.mode = "hang"
+    policy = tmp_path / "routing.yaml"
+    route = "[t0, t1]"
+    policy.write_text(
+        f"tiers: [t0, t1]\nroutes: {{tolerant: {route}, code: {route}, math: {route}, "
+        f"long: {route}}}\ntimeouts: {{first_byte_seconds: 0.5}}\n"
+    )
+    gateway = start_gateway(slow.url, spare.url, policy_path=str(policy), watch_policy=False)
+    started = time.monotonic()
+    response = client.post(f"{gateway}/v1/chat/completions", json=CHAT)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-route-tier"] == "t1"
+    assert time.monotonic() - started < 5
+    assert slow.request_aborted.wait(WAIT)  # the silent tier's request was closed
+    metrics = client.get(f"{gateway}/metrics").text
+    assert 'gateway_upstream_fallbacks_total{reason="timeout",tier="t0"} 1.0' in metrics
