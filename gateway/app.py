@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.admin import admin_routes
@@ -30,6 +30,7 @@ from gateway.health import healthz, readyz
 from gateway.leader import LeaderLock
 from gateway.limits import TokenCounter
 from gateway.metrics import GatewayMetrics
+from gateway.openapi import openapi_document
 from gateway.plan import ByteCounter, PromptCounter
 from gateway.policy_store import ActivePolicy, PolicyStore
 from gateway.proxy import chat_completions, completions, list_models
@@ -114,6 +115,7 @@ def create_app(
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/openapi.json", openapi_endpoint, methods=["GET"]),
         *admin_routes(),
     ]
     middleware = [
@@ -194,6 +196,11 @@ async def metrics_endpoint(request: Request) -> Response:
         runtime.metrics.set_tier(name, in_flight.get(name, 0), status.state == "ready")
     body, content_type = runtime.metrics.render(request.headers.get("accept"))
     return Response(body, media_type=content_type)
+
+
+async def openapi_endpoint(request: Request) -> Response:
+    """``GET /openapi.json``: the routed endpoints' OpenAPI document."""
+    return JSONResponse(openapi_document())
 
 
 def serve(

@@ -81,11 +81,17 @@ def check_model(body: dict[str, Any], model_name: str) -> dict[str, Any]:
     if model != model_name:
         raise APIError(
             404,
-            f"The model '{model}' does not exist; this gateway serves '{model_name}'",
+            f"The model '{_one_line(model)}' does not exist; this gateway serves '{model_name}'",
             param="model",
             code="model_not_found",
         )
     return body
+
+
+def _one_line(text: str, limit: int = 100) -> str:
+    """``text`` for an error message: escaped (no newline) and bounded."""
+    shown = json.dumps(text, ensure_ascii=False)[1:-1]
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
 def wants_stream(body: Mapping[str, Any]) -> bool:

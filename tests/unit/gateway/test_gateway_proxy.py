@@ -430,3 +430,11 @@ def test_a_tier_silent_past_the_policy_timeout_is_given_up_for_the_next(
     assert slow.request_aborted.wait(WAIT)  # the silent tier's request was closed
     metrics = client.get(f"{gateway}/metrics").text
     assert 'gateway_upstream_fallbacks_total{reason="timeout",tier="t0"} 1.0' in metrics
+
+
+def test_an_unknown_model_name_is_shown_on_one_line() -> None:
+    with pytest.raises(APIError) as caught:
+        check_model({"model": "evil\nname" + "x" * 300}, MODEL)
+    assert "\n" not in caught.value.message
+    assert "evil\\nname" in caught.value.message
+    assert len(caught.value.message) < 200
