@@ -55,6 +55,13 @@ def _parser() -> argparse.ArgumentParser:
     pol_chk.add_argument(
         "--deploy", default=None, help="also require its tiers in this deployment spec"
     )
+    sk = sub.add_parser("soak", help="steady load through a running gateway, with a reset")
+    sk.add_argument("--gateway", default="http://127.0.0.1:8000", help="a loopback gateway URL")
+    sk.add_argument("--model", default="SmolLM2-135M-Instruct", help="the served model id")
+    sk.add_argument("--clients", type=int, default=4)
+    sk.add_argument("--minutes", type=float, default=10.0)
+    sk.add_argument("--gateway-pid", type=int, default=None, help="for RSS at start and end")
+    sk.add_argument("--reset-tier", default=None, help="reset this tier halfway (admin key)")
     return parser
 
 
@@ -108,6 +115,37 @@ def _up(args: argparse.Namespace) -> int:
     )
 
 
+def _soak(args: argparse.Namespace) -> int:
+    """``soak``: the long version of the soak test; the admin key from MO_GATEWAY_ADMIN_KEYS."""
+    import os
+
+    from model_optimizer.soak import render, soak
+
+    if args.clients < 1 or args.minutes <= 0:
+        print("model-optimizer: error: --clients and --minutes must be positive", file=sys.stderr)
+        return 2
+    key = os.environ.get("MO_GATEWAY_ADMIN_KEYS", "").split(",")[0].strip() or None
+    if args.reset_tier and key is None:
+        print("model-optimizer: error: --reset-tier needs MO_GATEWAY_ADMIN_KEYS", file=sys.stderr)
+        return 2
+    try:
+        result = soak(
+            args.gateway.rstrip("/"),
+            args.model,
+            clients=args.clients,
+            seconds=args.minutes * 60,
+            gateway_pid=args.gateway_pid,
+            reset_tier=args.reset_tier,
+            admin_key=key,
+            say=lambda text: print(f"soak: {text}", file=sys.stderr, flush=True),
+        )
+    except ValueError as exc:
+        print(f"model-optimizer: error: {exc}", file=sys.stderr)
+        return 2
+    print(render(result))
+    return 0 if result.lost == 0 else 1
+
+
 def _policy_check(args: argparse.Namespace) -> int:
     """``policy check FILE [--deploy SPEC]``: the gateway's own load path, offline."""
     from backends.spec import load_spec
@@ -152,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_check(args.model, args.variant, args.recipe)
     if args.command == "policy":
         return _policy_check(args)
+    if args.command == "soak":
+        return _soak(args)
     try:
         return _up(args)
     except AlreadyReported as exc:
