@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +139,24 @@ def test_metrics_count_requests_and_rejections(
     assert 'gateway_rejections_total{reason="invalid_api_key"} 1.0' in text
     assert 'gateway_rejections_total{reason="context_length_exceeded"} 1.0' in text
     assert 'gateway_tier_up{tier="t0"} 1.0' in text
+
+
+def test_keys_never_reach_the_logs(
+    stub: Any, start_gateway: Any, client: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    gateway = start_gateway(
+        stub.url,
+        api_key_hashes=[hash_key(KEY)],
+        admin_key_hashes=[hash_key(ADMIN)],
+        rate_limit_per_minute=3,
+    )
+    for key in (KEY, "sk-wrong-secret", ADMIN):
+        headers = {"Authorization": f"Bearer {key}"}
+        for _ in range(3):
+            client.post(f"{gateway}/v1/chat/completions", json=CHAT, headers=headers)
+        client.get(f"{gateway}/admin/tiers", headers=headers)
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert caplog.records  # the gateway did log (requests, refusals)
+    for secret in (KEY, "sk-wrong-secret", ADMIN):
+        assert secret not in logged

@@ -128,3 +128,16 @@ def test_unknown_fields_travel_to_the_tier(
     body = {"messages": [{"role": "user", "content": "x"}], "x_custom": {"a": 1}}
     assert client.post(f"{gateway}/v1/chat/completions", json=body).status_code == 200
     assert stub.last_request["body"]["x_custom"] == {"a": 1}
+
+
+@pytest.mark.parametrize(
+    "path", ["/reset_prefix_cache", "/sleep", "/wake_up", "/v1/load_lora_adapter", "/metrics/x"]
+)
+def test_vllm_development_endpoints_are_not_reachable_through_the_gateway(
+    path: str, stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = start_gateway(stub.url)
+    response = client.post(f"{gateway}{path}", json={})
+    assert response.status_code in (404, 405)
+    _check(response, [])
+    assert stub.requests == []
