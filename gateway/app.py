@@ -36,7 +36,7 @@ from gateway.policy_store import ActivePolicy, PolicyStore
 from gateway.proxy import chat_completions, completions, list_models
 from gateway.resets import ResetCoordinator, apply_shared_marks
 from gateway.shared import SharedRecords, SharedState
-from gateway.state import FixedPolicy, PolicySource, Runtime, default_policy, get_runtime
+from gateway.state import Admission, FixedPolicy, PolicySource, Runtime, default_policy, get_runtime
 from gateway.telemetry import build_tracer_provider, instrument_asgi, shutdown
 from gateway.tier_status import TierBoard, TierStates, scrape_tier
 from gateway.upstream import Upstream
@@ -78,6 +78,7 @@ def create_app(
                 shared=shared,
                 metrics=metrics,
                 tracer=provider.get_tracer("model_optimizer.gateway"),
+                admission=Admission(config.max_in_flight),
             )
             lock = LeaderLock(
                 config.redis_url,

@@ -60,6 +60,9 @@ class GatewayConfig(BaseModel):
     admin_key_hashes: list[str] = Field(default_factory=list)  # empty: /admin is disabled
     rate_limit_per_minute: int | None = Field(default=None, gt=0)  # per API key
     metrics_interval: float = Field(default=2.0, gt=0)  # seconds between scrapes of the tiers
+    # Completion requests this process holds at once; past it new ones get a prompt 503 with
+    # Retry-After (load shedding) instead of queueing behind an overloaded event loop.
+    max_in_flight: int = Field(default=256, gt=0)
 
     @field_validator("api_key_hashes", "admin_key_hashes")
     @classmethod

@@ -52,6 +52,7 @@ class Exchange:
     fallbacks: int = 0
     holds_slot: bool = False
     children: list[Span] = field(default_factory=list)  # ended before the request's span
+    on_finish: Callable[[], None] | None = None  # e.g. the admission slot's release
     finished: bool = False
 
     def __post_init__(self) -> None:
@@ -86,6 +87,8 @@ class Exchange:
         if self.finished:
             return
         self.finished = True
+        if self.on_finish is not None:
+            self.on_finish()
         with anyio.CancelScope(shield=True):  # may run in a scope the client's leaving cancels
             await self.release()
         duration = self.clock() - self.started

@@ -101,8 +101,18 @@ def wants_stream(body: Mapping[str, Any]) -> bool:
 
 async def _relay_completion(request: Request, path: str) -> Response:
     runtime = get_runtime(request)
+    if not runtime.admission.enter():
+        runtime.metrics.reject("overloaded")
+        limit = runtime.admission.limit
+        raise APIError(
+            503,
+            f"the gateway holds its limit of {limit} requests; retry shortly",
+            SERVER_ERROR,
+            code="overloaded",
+            headers={"Retry-After": "1"},
+        )
     span = runtime.tracer.start_span("gateway.request", attributes={"url.path": path})
-    exchange = Exchange(runtime.metrics, runtime.shared, span)
+    exchange = Exchange(runtime.metrics, runtime.shared, span, on_finish=runtime.admission.leave)
     try:
         with trace.use_span(span, end_on_exit=False):
             return await _completion(request, path, runtime, exchange)

@@ -41,6 +41,23 @@ def default_policy(tiers: Sequence[str]) -> RoutingPolicy:
     )
 
 
+class Admission:
+    """Counts the completion requests this process holds; refuses past ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.current = 0
+
+    def enter(self) -> bool:
+        if self.current >= self.limit:
+            return False
+        self.current += 1
+        return True
+
+    def leave(self) -> None:
+        self.current = max(0, self.current - 1)
+
+
 @dataclass(frozen=True)
 class Runtime:
     """Everything a request handler uses; one per app, alive while the lifespan runs."""
@@ -53,6 +70,7 @@ class Runtime:
     shared: SharedState
     metrics: GatewayMetrics
     tracer: Tracer
+    admission: Admission
 
 
 def get_config(request: Request) -> GatewayConfig:

@@ -438,3 +438,26 @@ def test_an_unknown_model_name_is_shown_on_one_line() -> None:
     assert "\n" not in caught.value.message
     assert "evil\\nname" in caught.value.message
     assert len(caught.value.message) < 200
+
+
+def test_past_max_in_flight_new_requests_are_shed_with_retry_after(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    stub.mode = "slow"
+    gateway = start_gateway(stub.url, max_in_flight=1)
+    with client.stream(
+        "POST", f"{gateway}/v1/chat/completions", json={**CHAT, "stream": True}
+    ) as held:
+        lines = held.iter_lines()
+        assert next(lines).startswith("data: ")
+        shed = client.post(f"{gateway}/v1/chat/completions", json=CHAT)
+        error = assert_error_shape(shed, 503)
+        assert error["code"] == "overloaded"
+        assert shed.headers["retry-after"] == "1"
+    stub.mode = "normal"
+    deadline = time.monotonic() + WAIT
+    while (answer := client.post(f"{gateway}/v1/chat/completions", json=CHAT)).status_code != 200:
+        assert time.monotonic() < deadline, answer.text  # the slot comes back once it ends
+        time.sleep(0.05)
+    metrics = client.get(f"{gateway}/metrics").text
+    assert 'gateway_rejections_total{reason="overloaded"}' in metrics
