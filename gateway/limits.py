@@ -254,11 +254,10 @@ def check_limits(
         else:
             what = f"This tier accepts at most {cap} prompt tokens"
         return _too_long(input_tokens, what, policy, long_route)
-    limit = policy.max_input_tokens
-    if not long_route and limit is not None and input_tokens > limit:
-        return _too_long(
-            input_tokens, f"This gateway accepts at most {limit} prompt tokens", policy
-        )
+    if not long_route:
+        over = check_prompt(input_tokens, policy)
+        if over is not None:
+            return over
 
     allowed = room if policy.max_output_tokens is None else min(room, policy.max_output_tokens)
     if max_tokens is None:
@@ -288,6 +287,15 @@ def check_limits(
         f"{allowed} completion tokens, whereas you provided {max_tokens}."
     )
     return LimitDecision("reject", 0, INVALID_VALUE, message, "max_tokens")
+
+
+def check_prompt(input_tokens: int, policy: LimitsPolicy) -> LimitDecision | None:
+    """The gateway-wide prompt limit (``max_input_tokens``), whatever the tier: ``None`` when
+    the prompt is within it, else a ``reject`` or ``route_long`` decision."""
+    limit = policy.max_input_tokens
+    if limit is None or input_tokens <= limit:
+        return None
+    return _too_long(input_tokens, f"This gateway accepts at most {limit} prompt tokens", policy)
 
 
 def _too_long(

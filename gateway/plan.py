@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from gateway.classify import CompiledClasses, classify, content_texts, request_text
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError
-from gateway.limits import check_limits
+from gateway.limits import check_limits, check_prompt
 from gateway.policy import RoutingPolicy
 from gateway.router import (
     CONTEXT_LENGTH_EXCEEDED,
@@ -113,13 +113,13 @@ def assess(
     input_tokens = count_prompt(body, path, counter)
     field, max_tokens = requested_max_tokens(body, path)
     found = classify(request_text(body), input_tokens, rules)
-    gate = check_limits(input_tokens, None, 2**62, policy.limits)
+    gate = check_prompt(input_tokens, policy.limits)
+    if gate is None:
+        return Assessment(found.cls, found.reason, input_tokens, field, max_tokens)
     if gate.action == "reject":
         raise _too_long(gate.message, found.cls, found.reason, path)
-    if gate.action == "route_long":
-        reason = f"{found.reason}; {gate.message}"
-        return Assessment("long", reason, input_tokens, field, max_tokens, long_route=True)
-    return Assessment(found.cls, found.reason, input_tokens, field, max_tokens)
+    reason = f"{found.reason}; {gate.message}"
+    return Assessment("long", reason, input_tokens, field, max_tokens, long_route=True)
 
 
 def plan_route(
