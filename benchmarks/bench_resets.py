@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from backends.process import free_port  # noqa: E402
+from model_optimizer.soak import ResetNotDone, reset_now  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 PROMPTS = ["Hi! How are you today?", "Write a Python function that adds two numbers."]
@@ -92,22 +93,6 @@ def load(url: str, worker: int, stop: threading.Event, out: list[Sample]) -> Non
             except httpx.HTTPError:
                 status = -1
             out.append(Sample(start, time.time(), status))
-
-
-def reset(url: str, key: str, tier: str) -> dict[str, object]:
-    headers = {"Authorization": f"Bearer {key}"}
-    asked = time.time() - 1
-    answer = httpx.post(f"{url}/admin/resets/{tier}", headers=headers, timeout=10)
-    if answer.status_code != 202:
-        raise SystemExit(f"reset of {tier} refused: {answer.status_code} {answer.text}")
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        history = httpx.get(f"{url}/admin/resets", headers=headers, timeout=10).json()["history"]
-        for record in history:
-            if record["tier"] == tier and record["started_at"] >= asked:
-                return dict(record)
-        time.sleep(0.5)
-    raise SystemExit(f"no reset of {tier} recorded in 300 s")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -177,7 +162,10 @@ def main() -> int:
         for tier in args.tiers.split(","):
             time.sleep(args.settle)
             say(f"resetting {tier} under load ...")
-            records.append(reset(url, args.admin_key, tier))
+            try:
+                records.append(reset_now(url, tier, args.admin_key))
+            except ResetNotDone as exc:
+                raise SystemExit(f"bench_resets: {exc}") from None
             say(f"{tier}: {records[-1]['outcome']} in {float(str(records[-1]['seconds'])):.1f} s")
         time.sleep(args.settle)
     finally:

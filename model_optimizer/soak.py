@@ -61,7 +61,11 @@ def soak(
         if reset_tier is not None:
             _sleep_until(started + seconds / 2, stop)
             say(f"asking for a reset of {reset_tier} ({len(statuses)} requests so far)")
-            outcome = _reset(url, reset_tier, admin_key or "", deadline=started + seconds * 4)
+            try:
+                record = reset_now(url, reset_tier, admin_key or "", timeout=seconds * 3.5)
+                outcome = str(record["outcome"])
+            except ResetNotDone as exc:
+                outcome = str(exc)
             say(f"reset of {reset_tier}: {outcome}")
         _sleep_until(started + seconds, stop)
     finally:
@@ -98,19 +102,26 @@ def _client(url: str, model: str, index: int, stop: threading.Event, out: list[i
                 out.append(-1)
 
 
-def _reset(url: str, tier: str, key: str, deadline: float) -> str:
+class ResetNotDone(RuntimeError):
+    """A reset asked through ``/admin/resets`` was refused or not recorded in time."""
+
+
+def reset_now(url: str, tier: str, key: str, timeout: float = 300.0) -> dict[str, object]:
+    """Ask the gateway at ``url`` to reset ``tier`` now and wait (at most ``timeout`` s) for its
+    record in the reset history; ``ResetNotDone`` (one line) otherwise."""
     headers = {"Authorization": f"Bearer {key}"}
     asked = time.time() - 1
     answer = httpx.post(f"{url}/admin/resets/{tier}", headers=headers, timeout=10)
     if answer.status_code != 202:
-        return f"refused: HTTP {answer.status_code}"
+        raise ResetNotDone(f"reset of {tier} refused: HTTP {answer.status_code} {answer.text}")
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         history = httpx.get(f"{url}/admin/resets", headers=headers, timeout=10).json()["history"]
         for record in history:
             if record["tier"] == tier and record["started_at"] >= asked:
-                return str(record["outcome"])
+                return dict(record)
         time.sleep(0.5)
-    return "not recorded in time"
+    raise ResetNotDone(f"no reset of {tier} recorded in {timeout:g} s")
 
 
 def _sleep_until(when: float, stop: threading.Event) -> None:

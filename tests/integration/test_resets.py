@@ -21,6 +21,7 @@ import yaml
 from backends.process import free_port
 from gateway.config import GatewayConfig, TierEndpoint, hash_key
 from model_optimizer.envs import ROOT, cache_root
+from model_optimizer.soak import reset_now
 from tests.integration.conftest import ADMIN_KEY, Stack
 
 pytestmark = pytest.mark.integration
@@ -30,18 +31,6 @@ PROMPTS = ["Hi! How are you today?", "Write a Python function that adds two numb
 
 def _admin(key: str = ADMIN_KEY) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
-
-
-def _reset_record(url: str, tier: str, after: float, key: str = ADMIN_KEY) -> dict[str, Any]:
-    """The first reset of ``tier`` that started after ``after`` (waits, bounded)."""
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        history = httpx.get(f"{url}/admin/resets", headers=_admin(key), timeout=10).json()
-        for record in history["history"]:
-            if record["tier"] == tier and record["started_at"] >= after:
-                return dict(record)
-        time.sleep(0.5)
-    pytest.fail(f"no reset of {tier} recorded in 180 s")
 
 
 def test_each_tier_resets_under_load_without_a_failed_request(stack: Stack) -> None:
@@ -69,12 +58,7 @@ def test_each_tier_resets_under_load_without_a_failed_request(stack: Stack) -> N
         workers = [pool.submit(load, w) for w in range(2)]
         try:
             for tier in ("fp16", "int8", "int4"):
-                asked = time.time() - 1
-                queued = httpx.post(
-                    f"{stack.gateway_url}/admin/resets/{tier}", headers=_admin(), timeout=10
-                )
-                assert queued.status_code == 202, queued.text
-                records.append(_reset_record(stack.gateway_url, tier, asked))
+                records.append(reset_now(stack.gateway_url, tier, ADMIN_KEY, timeout=180))
         finally:
             stop.set()
             for worker in workers:
