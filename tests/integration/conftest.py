@@ -11,21 +11,26 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
 import pytest
+import yaml
 
 from backends.process import free_port
-from model_optimizer.envs import ROOT
+from gateway.config import GatewayConfig, TierEndpoint
+from model_optimizer.envs import ROOT, cache_root
 
 pytestmark = pytest.mark.integration
 START_TIMEOUT = 1800.0  # a cold cache converts the model and builds its variants first
 TIERS = ("fp16", "int8", "int4")
 ADMIN_KEY = "integration-admin-key"
+MODEL = "SmolLM2-135M-Instruct"
 
 
 @dataclass
@@ -42,6 +47,86 @@ class Stack:
 
     def tier_port(self, name: str) -> int:
         return int(self.tier_urls[name].rsplit(":", 1)[1])
+
+    def tier_process(self, name: str) -> psutil.Process:
+        """The vLLM server process of tier ``name`` (found by its ``--port``)."""
+        port = str(self.tier_port(name))
+        for proc in psutil.Process(self.process.pid).children(recursive=True):
+            cmd = proc.cmdline()
+            if "--port" in cmd and cmd[cmd.index("--port") + 1] == port:
+                return proc
+        raise AssertionError(f"no process serves tier {name}")
+
+
+def gateway_config(stack: Stack, **extra: Any) -> GatewayConfig:
+    """A gateway over the stack's tiers with the shipped policy and the variants' tokenizer."""
+    tiers = [
+        TierEndpoint(name=name, base_url=url, max_model_len=2048)
+        for name, url in stack.tier_urls.items()
+    ]
+    settings: dict[str, Any] = {
+        "policy_path": str(ROOT / "policies" / "routing.yaml"),
+        "tokenizer_dir": str(cache_root() / "variants" / MODEL / "fp16"),
+        **extra,
+    }
+    return GatewayConfig(model_name=MODEL, tiers=tiers, **settings)
+
+
+@contextmanager
+def gateway_processes(
+    config: GatewayConfig, folder: Path, count: int
+) -> Iterator[list[tuple[str, subprocess.Popen[bytes]]]]:
+    """``count`` ``python -m gateway`` processes on free loopback ports, each ready; logs in
+    ``folder/gateway<i>.log``; stopped (terminated, killed if need be) on exit."""
+    path = folder / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    running: list[tuple[str, subprocess.Popen[bytes]]] = []
+    try:
+        for i in range(count):
+            port = free_port()
+            with (folder / f"gateway{i}.log").open("wb") as log:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "gateway", "--config", str(path), "--port", str(port)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=ROOT,
+                    env={**os.environ, "PYTHONPATH": str(ROOT)},
+                )
+            running.append((f"http://127.0.0.1:{port}", process))
+        for url, process in running:
+            _wait_ready(url, process)
+        yield running
+    finally:
+        for _, process in running:
+            if process.poll() is None:
+                process.terminate()
+        for _, process in running:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+
+
+def _wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"gateway at {url} exited with {process.returncode}"
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    pytest.fail(f"gateway at {url} not ready in 60 s")
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 30.0) -> None:
+    """Poll ``condition`` every 0.2 s until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.2)
 
 
 def free_port_run(count: int) -> int:

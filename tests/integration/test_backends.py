@@ -7,7 +7,6 @@ import contextlib
 import time
 
 import httpx
-import psutil
 import pytest
 
 from backends.client import ResetResult, TierClient
@@ -45,17 +44,8 @@ def test_all_three_tiers_serve_their_variant(stack: Stack) -> None:
         assert models[0]["root"].rstrip("/").endswith(f"/{name}")
 
 
-def _tier_server(stack: Stack, name: str) -> psutil.Process:
-    port = str(stack.tier_port(name))
-    for proc in psutil.Process(stack.process.pid).children(recursive=True):
-        cmd = proc.cmdline()
-        if "--port" in cmd and cmd[cmd.index("--port") + 1] == port:
-            return proc
-    raise AssertionError(f"no process serves tier {name}")
-
-
 def test_killed_tier_is_restarted_by_the_supervisor(stack: Stack) -> None:
-    victim = _tier_server(stack, "int8")
+    victim = stack.tier_process("int8")
     victim.kill()
     victim.wait(timeout=30)
     url = stack.tier_urls["int8"]
@@ -66,7 +56,7 @@ def test_killed_tier_is_restarted_by_the_supervisor(stack: Stack) -> None:
         with contextlib.suppress(httpx.HTTPError):
             healthy = httpx.get(f"{url}/health", timeout=2).status_code == 200
     assert healthy, stack.log_text()[-3000:]
-    assert _tier_server(stack, "int8").pid != victim.pid
+    assert stack.tier_process("int8").pid != victim.pid
     assert "Paris" in _chat(url, "What is the capital of France?")
 
 

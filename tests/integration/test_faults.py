@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -15,14 +11,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
-import yaml
 
 from backends.process import free_port
-from gateway.config import GatewayConfig, TierEndpoint, hash_key
-from model_optimizer.envs import ROOT, cache_root
-from tests.integration.conftest import ADMIN_KEY, Stack
+from gateway.config import hash_key
+from tests.integration.conftest import (
+    ADMIN_KEY,
+    Stack,
+    gateway_config,
+    gateway_processes,
+    wait_until,
+)
+from tests.redis_server import start_redis
 
 pytestmark = pytest.mark.integration
 MODEL = "SmolLM2-135M-Instruct"
@@ -38,15 +38,6 @@ def _ask(url: str, max_tokens: int = 2) -> int:
         return -1
 
 
-def _tier_process(stack: Stack, name: str) -> psutil.Process:
-    port = str(stack.tier_port(name))
-    for proc in psutil.Process(stack.process.pid).children(recursive=True):
-        cmd = proc.cmdline()
-        if "--port" in cmd and cmd[cmd.index("--port") + 1] == port:
-            return proc
-    raise AssertionError(f"no process serves tier {name}")
-
-
 def test_a_tier_killed_mid_stream_ends_the_stream_cleanly_and_comes_back(stack: Stack) -> None:
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 400, "ignore_eos": True}
     events: list[str] = []
@@ -59,7 +50,7 @@ def test_a_tier_killed_mid_stream_ends_the_stream_cleanly_and_comes_back(stack: 
         tier = answer.headers["x-route-tier"]
         lines = answer.iter_lines()
         events.append(next(line for line in lines if line.startswith("data: ")))
-        _tier_process(stack, tier).kill()
+        stack.tier_process(tier).kill()
         events += [line for line in lines if line.startswith("data: ")]  # must end, not hang
     assert events[-1] == "data: [DONE]"
     assert '"error"' in events[-2], events[-3:]  # one clean SSE error event, no second answer
@@ -113,41 +104,8 @@ def test_bad_policy_files_never_replace_the_serving_one(stack: Stack) -> None:
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[tuple[int, list[subprocess.Popen[bytes]]]]:
     """A throwaway redis-server on a free loopback port (restartable by the test)."""
-    binary = shutil.which("redis-server")
-    assert binary, "redis-server is not installed"
     port = free_port()
-    servers: list[subprocess.Popen[bytes]] = []
-
-    def start() -> None:
-        servers.append(
-            subprocess.Popen(
-                [
-                    binary,
-                    "--port",
-                    str(port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                    str(tmp_path),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise AssertionError("redis-server did not start")
-
-    start()
+    servers = [start_redis(port, tmp_path)]
     try:
         yield port, servers
     finally:
@@ -162,87 +120,50 @@ def test_redis_gone_under_load_then_back(
 ) -> None:
     port, servers = own_redis
     key = "fault-admin-key"
-    config = GatewayConfig(
-        model_name=MODEL,
-        tiers=[
-            TierEndpoint(name=name, base_url=url, max_model_len=2048)
-            for name, url in stack.tier_urls.items()
-        ],
-        policy_path=str(ROOT / "policies" / "routing.yaml"),
-        tokenizer_dir=str(cache_root() / "variants" / MODEL / "fp16"),
+    config = gateway_config(
+        stack,
         redis_url=f"redis://127.0.0.1:{port}/0",
         redis_prefix=f"mo:test:{uuid.uuid4().hex[:8]}",
         admin_key_hashes=[hash_key(key)],
         metrics_interval=1.0,
     )
-    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json")))
-    gw_port = free_port()
-    log = tmp_path / "gateway.log"
-    with log.open("wb") as out:
-        gateway = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gateway",
-                "--config",
-                str(tmp_path / "gateway.yaml"),
-                "--port",
-                str(gw_port),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-    url = f"http://127.0.0.1:{gw_port}"
     statuses: list[int] = []
     stop = threading.Event()
+    with gateway_processes(config, tmp_path, 1) as running:
+        url = running[0][0]
 
-    def load() -> None:
-        for _ in range(500):  # bounded
-            if stop.is_set():
-                return
-            statuses.append(_ask(url))
+        def load() -> None:
+            for _ in range(500):  # bounded
+                if stop.is_set():
+                    return
+                statuses.append(_ask(url))
 
-    def shared() -> bool:
-        answer = httpx.get(f"{url}/admin/tiers", headers={"Authorization": f"Bearer {key}"})
-        return bool(answer.json()["shared_state"])
+        def shared() -> bool:
+            answer = httpx.get(f"{url}/admin/tiers", headers={"Authorization": f"Bearer {key}"})
+            return bool(answer.json()["shared_state"])
 
-    worker = threading.Thread(target=load)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        assert shared()
-        worker.start()
-        _wait(lambda: len(statuses) >= 3)
-        servers[-1].send_signal(signal.SIGKILL)
-        servers[-1].wait(timeout=10)
-        answered = len(statuses)
-        _wait(lambda: len(statuses) >= answered + 3 and not shared())  # served without Redis
-        servers.append(  # the same server again, on the same port
-            subprocess.Popen(servers[0].args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        )
-        _wait(shared, timeout=30)  # picked Redis back up by itself
-        answered = len(statuses)
-        _wait(lambda: len(statuses) >= answered + 2)
-    finally:
-        stop.set()
-        if worker.is_alive():
-            worker.join(timeout=300)
-        gateway.terminate()
-        gateway.wait(timeout=20)
+        worker = threading.Thread(target=load)
+        try:
+            assert shared()
+            worker.start()
+            wait_until(lambda: len(statuses) >= 3, 60)
+            servers[-1].send_signal(signal.SIGKILL)
+            servers[-1].wait(timeout=10)
+            answered = len(statuses)
+            # served without Redis
+            wait_until(lambda: len(statuses) >= answered + 3 and not shared(), 60)
+            servers.append(  # the same server again, on the same port
+                subprocess.Popen(
+                    servers[0].args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                )
+            )
+            wait_until(shared, timeout=30)  # picked Redis back up by itself
+            answered = len(statuses)
+            wait_until(lambda: len(statuses) >= answered + 2, 60)
+        finally:
+            stop.set()
+            if worker.is_alive():
+                worker.join(timeout=300)
     assert statuses and all(status == 200 for status in statuses), sorted(set(statuses))
-    text = log.read_text()
+    text = (tmp_path / "gateway0.log").read_text()
     assert text.count("using local state") == 1, text[-2000:]  # logged once
-
-
-def _wait(condition: object, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.2)

@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import httpx
 import openai
 import pytest
-import yaml
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from backends.process import free_port
 from gateway.app import create_app
-from gateway.config import GatewayConfig, TierEndpoint, hash_key
-from model_optimizer.envs import ROOT, cache_root
-from tests.integration.conftest import Stack
+from gateway.config import hash_key
+from tests.integration.conftest import Stack, gateway_config, gateway_processes, wait_until
 from tests.servers import ServerThread
 
 pytestmark = pytest.mark.integration
@@ -31,23 +23,9 @@ KEY = "replica-admin-key"
 CHAT = [{"role": "user", "content": "Hi! How are you doing today?"}]
 
 
-def _config(stack: Stack, **extra: Any) -> GatewayConfig:
-    tiers = [
-        TierEndpoint(name=name, base_url=url, max_model_len=2048)
-        for name, url in stack.tier_urls.items()
-    ]
-    return GatewayConfig(
-        model_name=MODEL,
-        tiers=tiers,
-        policy_path=str(ROOT / "policies" / "routing.yaml"),
-        tokenizer_dir=str(cache_root() / "variants" / MODEL / "fp16"),
-        **extra,
-    )
-
-
 def test_each_request_exports_a_span_tree(stack: Stack) -> None:
     exporter = InMemorySpanExporter()
-    server = ServerThread(create_app(_config(stack), span_exporter=exporter))
+    server = ServerThread(create_app(gateway_config(stack), span_exporter=exporter))
     server.start()
     try:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=120)
@@ -82,43 +60,15 @@ def test_each_request_exports_a_span_tree(stack: Stack) -> None:
 @pytest.fixture
 def two_replicas(stack: Stack, tmp_path: Path) -> Iterator[tuple[str, str]]:
     """Two ``python -m gateway`` processes over the stack's tiers, sharing one Redis prefix."""
-    config = _config(
+    config = gateway_config(
         stack,
         redis_url="redis://127.0.0.1:6379/0",
         redis_prefix=f"mo:test:{uuid.uuid4().hex[:8]}",
         admin_key_hashes=[hash_key(KEY)],
         metrics_interval=1.0,
     )
-    path = tmp_path / "gateway.yaml"
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-    processes: list[subprocess.Popen[bytes]] = []
-    urls: list[str] = []
-    try:
-        for i in range(2):
-            port = free_port()
-            log = (tmp_path / f"gateway{i}.log").open("wb")
-            processes.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "gateway", "--config", str(path), "--port", str(port)],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=ROOT,
-                    env={**os.environ, "PYTHONPATH": str(ROOT)},
-                )
-            )
-            urls.append(f"http://127.0.0.1:{port}")
-        for url, process in zip(urls, processes, strict=True):
-            _wait_ready(url, process)
-        yield urls[0], urls[1]
-    finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
+    with gateway_processes(config, tmp_path, 2) as running:
+        yield running[0][0], running[1][0]
 
 
 def test_two_gateway_processes_see_the_same_in_flight_counts(
@@ -129,20 +79,13 @@ def test_two_gateway_processes_see_the_same_in_flight_counts(
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(httpx.post, f"{first}/v1/chat/completions", json=body, timeout=120)
         # The second replica never sees this request, yet counts it (through Redis).
-        _wait_until(lambda: _in_flight(second).get("int4") == 1 and not answer.done())
+        wait_until(lambda: _in_flight(second).get("int4") == 1 and not answer.done(), 20)
         assert _in_flight(first)["int4"] == 1
         response = answer.result(timeout=120)
     assert response.status_code == 200, response.text
     assert response.headers["x-route-tier"] == "int4"
     assert response.json()["usage"]["completion_tokens"] == 200
-    _wait_until(lambda: _in_flight(second)["int4"] == 0 and _in_flight(first)["int4"] == 0)
-
-
-def _wait_until(condition: Any, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.2)
+    wait_until(lambda: _in_flight(second)["int4"] == 0 and _in_flight(first)["int4"] == 0, 20)
 
 
 def _in_flight(url: str) -> dict[str, int]:
@@ -151,16 +94,3 @@ def _in_flight(url: str) -> dict[str, int]:
     payload = response.json()
     assert payload["shared_state"] is True
     return {name: int(entry["in_flight"]) for name, entry in payload["tiers"].items()}
-
-
-def _wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"gateway at {url} exited with {process.returncode}"
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    pytest.fail(f"gateway at {url} not ready in 60 s")

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -18,11 +16,16 @@ import httpx
 import pytest
 import yaml
 
-from backends.process import free_port
-from gateway.config import GatewayConfig, TierEndpoint, hash_key
-from model_optimizer.envs import ROOT, cache_root
+from gateway.config import hash_key
+from model_optimizer.envs import ROOT
 from model_optimizer.soak import reset_now
-from tests.integration.conftest import ADMIN_KEY, Stack
+from tests.integration.conftest import (
+    ADMIN_KEY,
+    Stack,
+    gateway_config,
+    gateway_processes,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 MODEL = "SmolLM2-135M-Instruct"
@@ -90,48 +93,16 @@ def replicas(stack: Stack, tmp_path: Path) -> Iterator[list[tuple[str, subproces
     )
     policy_path = tmp_path / "routing.yaml"
     policy_path.write_text(yaml.safe_dump(policy))
-    tiers = [
-        TierEndpoint(name=name, base_url=url, max_model_len=2048)
-        for name, url in stack.tier_urls.items()
-    ]
-    config = GatewayConfig(
-        model_name=MODEL,
-        tiers=tiers,
+    config = gateway_config(
+        stack,
         policy_path=str(policy_path),
-        tokenizer_dir=str(cache_root() / "variants" / MODEL / "fp16"),
         redis_url="redis://127.0.0.1:6379/0",
         redis_prefix=f"mo:test:{uuid.uuid4().hex[:8]}",
         admin_key_hashes=[hash_key(KEY)],
         metrics_interval=1.0,
     )
-    path = tmp_path / "gateway.yaml"
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-    running: list[tuple[str, subprocess.Popen[bytes]]] = []
-    try:
-        for i in range(2):
-            port = free_port()
-            with (tmp_path / f"gateway{i}.log").open("wb") as log:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", "gateway", "--config", str(path), "--port", str(port)],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=ROOT,
-                    env={**os.environ, "PYTHONPATH": str(ROOT)},
-                )
-            running.append((f"http://127.0.0.1:{port}", process))
-        for url, process in running:
-            _wait_ready(url, process)
+    with gateway_processes(config, tmp_path, 2) as running:
         yield running
-    finally:
-        for _, process in running:
-            if process.poll() is None:
-                process.terminate()
-        for _, process in running:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
 
 
 def test_one_replica_leads_and_a_dead_leader_lets_the_tier_go(
@@ -147,9 +118,9 @@ def test_one_replica_leads_and_a_dead_leader_lets_the_tier_go(
     with ThreadPoolExecutor(1) as pool:
         # A long answer on int4 keeps the reset waiting in its drain phase.
         busy = pool.submit(httpx.post, f"{first}/v1/chat/completions", json=long_body, timeout=120)
-        _wait_until(lambda: _tiers(second)["int4"]["in_flight"] == 1)
+        wait_until(lambda: _tiers(second)["int4"]["in_flight"] == 1)
         assert httpx.post(f"{second}/admin/resets/int4", headers=_admin(KEY)).status_code == 202
-        _wait_until(lambda: _tiers(first)["int4"]["state"] == "draining")
+        wait_until(lambda: _tiers(first)["int4"]["state"] == "draining")
         assert _tiers(second)["int4"]["state"] == "draining"
         views = [_resets(url) for url, _ in replicas]
         leaders = [v for v in views if v["leader"]["holder"] == v["leader"]["this_replica"]]
@@ -160,7 +131,7 @@ def test_one_replica_leads_and_a_dead_leader_lets_the_tier_go(
         replicas[leader][1].send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
         # The dead leader's marks expire with its lock: the tier is routed to again.
-        _wait_until(lambda: _tiers(survivor_url)["int4"]["state"] == "ready", timeout=LOCK_TTL + 10)
+        wait_until(lambda: _tiers(survivor_url)["int4"]["state"] == "ready", timeout=LOCK_TTL + 10)
         assert time.monotonic() - killed_at < LOCK_TTL + 10
         record = _wait_for_record(survivor_url, "abandoned")
         assert record["tier"] == "int4"
@@ -188,23 +159,3 @@ def _resets(url: str) -> dict[str, Any]:
     answer = httpx.get(f"{url}/admin/resets", headers=_admin(KEY), timeout=10)
     assert answer.status_code == 200, answer.text
     return dict(answer.json())
-
-
-def _wait_until(condition: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.2)
-
-
-def _wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"gateway at {url} exited with {process.returncode}"
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    pytest.fail(f"gateway at {url} not ready in 60 s")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import socket
 import subprocess
 import time
@@ -16,25 +15,13 @@ from uuid import uuid4
 import pytest
 import redis
 
+from backends.process import free_port
 from gateway.leader import LeaderLock
+from tests.redis_server import ping, redis_command, start_redis
 
 T = TypeVar("T")
 LOGGER = "gateway.leader"
 URL = "redis://127.0.0.1:6379/0"
-
-
-def ping(port: int) -> bool:
-    try:
-        return bool(redis.Redis(port=port, socket_timeout=0.2).ping())
-    except redis.exceptions.RedisError:
-        return False
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="module")
@@ -284,13 +271,9 @@ def test_unreachable_redis_leads_locally_and_warns_once(
 def test_when_redis_comes_back_the_local_lead_ends(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed")
     caplog.set_level(logging.INFO, logger=LOGGER)
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     procs: list[subprocess.Popen[bytes]] = []
 
     async def scenario() -> None:
@@ -300,9 +283,7 @@ def test_when_redis_comes_back_the_local_lead_ends(
         try:
             assert await lock.acquire() == 1
             assert await lock.acquire() == 1
-            procs.append(
-                subprocess.Popen([*cmd, "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
-            )
+            procs.append(subprocess.Popen(redis_command(port, tmp_path), stdout=subprocess.DEVNULL))
             deadline = time.monotonic() + 5
             while not ping(port):
                 assert time.monotonic() < deadline, "redis-server did not start"
@@ -333,18 +314,10 @@ def test_when_redis_comes_back_the_local_lead_ends(
 def test_redis_failing_under_a_leader_ends_its_redis_lead(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed")
     caplog.set_level(logging.INFO, logger=LOGGER)
     port = free_port()
-    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    proc = subprocess.Popen([*cmd, "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    proc = start_redis(port, tmp_path)
     try:
-        deadline = time.monotonic() + 5
-        while not ping(port):
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.01)
 
         async def scenario() -> None:
             url = f"redis://127.0.0.1:{port}/0"

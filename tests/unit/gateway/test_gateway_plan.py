@@ -13,25 +13,12 @@ from gateway.plan import ByteCounter, Plan, count_prompt, plan_request, route_he
 from gateway.policy import RoutingPolicy, load_policy
 from gateway.router import TierStatus
 from model_optimizer.envs import ROOT
+from tests.unit.gateway.tier_statuses import tier_statuses
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 SHIPPED = load_policy(ROOT / "policies" / "routing.yaml")
 RULES = CompiledClasses.build(SHIPPED.classes)
-
-
-def _statuses(**changes: dict[str, Any]) -> dict[str, TierStatus]:
-    out = {}
-    for name in ("fp16", "int8", "int4"):
-        values: dict[str, Any] = {
-            "state": "ready",
-            "requests_waiting": 0.0,
-            "kv_usage": 0.1,
-            "max_model_len": 2048,
-        }
-        values.update(changes.get(name, {}))
-        out[name] = TierStatus(name=name, **values)
-    return out
 
 
 def _plan(
@@ -42,7 +29,9 @@ def _plan(
     pinned: str | None = None,
 ) -> Plan:
     rules = RULES if policy is SHIPPED else CompiledClasses.build(policy.classes)
-    return plan_request(body, path, policy, rules, ByteCounter(), statuses or _statuses(), pinned)
+    return plan_request(
+        body, path, policy, rules, ByteCounter(), statuses or tier_statuses(), pinned
+    )
 
 
 def _chat(text: str, **extra: Any) -> dict[str, Any]:
@@ -114,14 +103,14 @@ def test_reject_policy_refuses_max_tokens_beyond_the_tier() -> None:
 
 
 def test_tiers_not_ready_or_saturated_are_skipped() -> None:
-    statuses = _statuses(int4={"state": "draining"}, int8={"requests_waiting": 10.0})
+    statuses = tier_statuses(int4={"state": "draining"}, int8={"requests_waiting": 10.0})
     plan = _plan(_chat("Hi! How are you?"), statuses=statuses)
     assert plan.chain == ("fp16",)
     assert "int4 (draining)" in plan.reason and "int8 (saturated" in plan.reason
 
 
 def test_no_ready_tier_is_503_with_retry_after() -> None:
-    statuses = _statuses(**{name: {"state": "down"} for name in ("fp16", "int8", "int4")})
+    statuses = tier_statuses(**{name: {"state": "down"} for name in ("fp16", "int8", "int4")})
     with pytest.raises(APIError) as caught:
         _plan(_chat("Hi"), statuses=statuses)
     assert (caught.value.status, caught.value.code) == (503, "no_tier_available")

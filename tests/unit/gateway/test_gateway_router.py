@@ -13,8 +13,8 @@ from gateway.router import (
     TierStatus,
     choose_tier,
 )
+from tests.unit.gateway.tier_statuses import TIERS, tier_statuses
 
-TIERS = ["fp16", "int8", "int4"]
 POLICY = """\
 tiers: [fp16, int8, int4]
 routes:
@@ -30,20 +30,6 @@ def _policy(extra: str = "") -> RoutingPolicy:
     return parse_policy(POLICY + extra, "t.yaml")
 
 
-def _statuses(**changes: dict[str, Any]) -> dict[str, TierStatus]:
-    out = {}
-    for name in TIERS:
-        values: dict[str, Any] = {
-            "state": "ready",
-            "requests_waiting": 0.0,
-            "kv_usage": 0.1,
-            "max_model_len": 2048,
-        }
-        values.update(changes.get(name, {}))
-        out[name] = TierStatus(name=name, **values)
-    return out
-
-
 def _route(
     cls: str = "tolerant",
     statuses: dict[str, TierStatus] | None = None,
@@ -53,7 +39,7 @@ def _route(
 ) -> Any:
     return choose_tier(
         TIERS if candidates is None else candidates,
-        _statuses() if statuses is None else statuses,
+        tier_statuses() if statuses is None else statuses,
         RouteRequest(cls=cls, input_tokens=request.pop("input_tokens", 100), **request),
         policy or _policy(),
     )
@@ -70,14 +56,14 @@ def test_each_class_gets_its_route_in_order() -> None:
 
 @pytest.mark.parametrize("state", ["starting", "draining", "resetting", "down"])
 def test_tiers_that_are_not_ready_are_skipped(state: str) -> None:
-    decision = _route("tolerant", _statuses(int4={"state": state}))
+    decision = _route("tolerant", tier_statuses(int4={"state": state}))
     assert decision.chain == ["int8", "fp16"]
     assert decision.skipped == {"int4": state}
     assert decision.reason == f"tolerant -> int8, fp16; skipped int4 ({state})"
 
 
 def test_a_tier_without_a_status_is_skipped() -> None:
-    statuses = _statuses()
+    statuses = tier_statuses()
     del statuses["int8"]
     decision = _route("code", statuses)
     assert decision.chain == ["fp16"]
@@ -91,7 +77,7 @@ def test_a_tier_the_gateway_does_not_have_is_skipped() -> None:
 
 
 def test_saturated_tiers_are_skipped() -> None:
-    statuses = _statuses(int4={"requests_waiting": 5}, int8={"kv_usage": 0.95})
+    statuses = tier_statuses(int4={"requests_waiting": 5}, int8={"kv_usage": 0.95})
     decision = _route("tolerant", statuses)
     assert decision.chain == ["fp16"]
     assert decision.skipped == {
@@ -101,24 +87,26 @@ def test_saturated_tiers_are_skipped() -> None:
 
 
 def test_saturation_thresholds_are_exclusive() -> None:
-    statuses = _statuses(int4={"requests_waiting": 4, "kv_usage": 0.9})
+    statuses = tier_statuses(int4={"requests_waiting": 4, "kv_usage": 0.9})
     assert _route("tolerant", statuses).chain == ["int4", "int8", "fp16"]
 
 
 def test_long_goes_to_the_most_free_kv_first() -> None:
-    statuses = _statuses(fp16={"kv_usage": 0.7}, int8={"kv_usage": 0.2}, int4={"kv_usage": 0.5})
+    statuses = tier_statuses(fp16={"kv_usage": 0.7}, int8={"kv_usage": 0.2}, int4={"kv_usage": 0.5})
     decision = _route("long", statuses, input_tokens=1500)
     assert decision.chain == ["int8", "int4", "fp16"]
     assert "most free KV: int8 0.20, int4 0.50, fp16 0.70" in decision.reason
 
 
 def test_most_free_kv_ties_keep_the_route_order_and_skip_saturated() -> None:
-    statuses = _statuses(fp16={"kv_usage": 0.3}, int8={"kv_usage": 0.3}, int4={"kv_usage": 0.95})
+    statuses = tier_statuses(
+        fp16={"kv_usage": 0.3}, int8={"kv_usage": 0.3}, int4={"kv_usage": 0.95}
+    )
     assert _route("long", statuses).chain == ["fp16", "int8"]
 
 
 def test_tiers_too_short_for_the_prompt_are_skipped() -> None:
-    statuses = _statuses(int4={"max_model_len": 1024})
+    statuses = tier_statuses(int4={"max_model_len": 1024})
     decision = _route("tolerant", statuses, input_tokens=1024)
     assert decision.chain == ["int8", "fp16"]
     assert decision.skipped == {"int4": "too short: needs 1025 tokens > max_model_len 1024"}
@@ -126,7 +114,7 @@ def test_tiers_too_short_for_the_prompt_are_skipped() -> None:
 
 
 def test_max_tokens_must_fit_when_the_policy_rejects_oversized_ones() -> None:
-    statuses = _statuses(int4={"max_model_len": 1024})
+    statuses = tier_statuses(int4={"max_model_len": 1024})
     rejecting = _policy("limits: {on_max_tokens_too_large: reject}\n")
     decision = _route("tolerant", statuses, rejecting, input_tokens=900, max_tokens=200)
     assert decision.chain == ["int8", "fp16"]
@@ -146,21 +134,21 @@ def test_a_tier_prompt_cap_excludes_it() -> None:
 
 def test_nothing_usable_gives_an_empty_chain_and_a_reason() -> None:
     down = {"state": "down"}
-    decision = _route("code", _statuses(fp16=down, int8={"state": "draining"}))
+    decision = _route("code", tier_statuses(fp16=down, int8={"state": "draining"}))
     assert decision.chain == []
     assert decision.error == NO_TIER_AVAILABLE
     assert decision.reason == "code -> no tier; skipped fp16 (down), int8 (draining)"
 
 
 def test_a_prompt_too_long_for_every_tier_is_the_clients_error() -> None:
-    statuses = _statuses(int8={"state": "draining"})
+    statuses = tier_statuses(int8={"state": "draining"})
     decision = _route("code", statuses, input_tokens=4000)
     assert decision.chain == []
     assert decision.error == CONTEXT_LENGTH_EXCEEDED
 
 
 def test_too_short_and_not_ready_is_not_a_length_error() -> None:
-    statuses = _statuses(fp16={"max_model_len": 8192, "state": "down"})
+    statuses = tier_statuses(fp16={"max_model_len": 8192, "state": "down"})
     decision = _route("code", statuses, input_tokens=4000)
     assert decision.chain == []
     assert decision.error == NO_TIER_AVAILABLE
@@ -195,7 +183,7 @@ def test_a_pin_outside_the_class_route_is_honoured() -> None:
 
 
 def test_a_pin_to_a_tier_that_is_not_ready_is_an_error() -> None:
-    statuses = _statuses(fp16={"state": "draining"})
+    statuses = tier_statuses(fp16={"state": "draining"})
     decision = _route("tolerant", statuses, _policy(PINNABLE), pinned="fp16")
     assert decision.chain == []
     assert decision.error == TIER_NOT_READY
@@ -210,7 +198,7 @@ def test_a_pin_to_an_unknown_tier_is_an_error() -> None:
 
 
 def test_a_pin_to_a_saturated_tier_is_used_anyway() -> None:
-    statuses = _statuses(int8={"kv_usage": 0.99})
+    statuses = tier_statuses(int8={"kv_usage": 0.99})
     decision = _route("tolerant", statuses, _policy(PINNABLE), pinned="int8")
     assert decision.chain == ["int8"]
     assert decision.reason == "pinned to int8 (saturated: KV 0.99 > 0.90, used anyway)"

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-import socket
-import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -16,8 +13,10 @@ from uuid import uuid4
 import pytest
 import redis
 
+from backends.process import free_port
 from gateway.shared import RateDecision, SharedState
 from gateway.shared_lua import INFLIGHT
+from tests.redis_server import ping, start_redis, stop
 
 T = TypeVar("T")
 LOGGER = "gateway.shared"
@@ -31,40 +30,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def ping(port: int) -> bool:
-    try:
-        return bool(redis.Redis(port=port, socket_timeout=0.2).ping())
-    except redis.exceptions.RedisError:
-        return False
-
-
-def start_redis(port: int, folder: Path) -> subprocess.Popen[bytes]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    proc = subprocess.Popen([*cmd, "--dir", str(folder)], stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 5
-    while not ping(port):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"redis-server did not start on port {port}")
-        time.sleep(0.01)
-    return proc
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.kill()
-    proc.wait(timeout=5)
 
 
 @pytest.fixture(scope="module")
