@@ -1,0 +1,1 @@
+"""Measuring a served model: the serving benchmark (``model-optimizer bench``) and its parts."""
