@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     sk.add_argument("--minutes", type=float, default=10.0)
     sk.add_argument("--gateway-pid", type=int, default=None, help="for RSS at start and end")
     sk.add_argument("--reset-tier", default=None, help="reset this tier halfway (admin key)")
+    from measure.command import add_arguments as bench_arguments
+
+    bench_arguments(sub.add_parser("bench", help="serving benchmark of a gateway or tier"))
     return parser
 
 
@@ -192,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         return _policy_check(args)
     if args.command == "soak":
         return _soak(args)
+    if args.command == "bench":
+        from measure.command import run as run_bench
+
+        return run_bench(args)
     try:
         return _up(args)
     except AlreadyReported as exc:
