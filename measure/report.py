@@ -103,6 +103,15 @@ def _by_label(runs: Sequence[RunResult]) -> dict[str, list[RunResult]]:
     return lines
 
 
+def _concurrency_axis(ax: Any, runs: Sequence[RunResult]) -> None:
+    levels = sorted({r.max_concurrency for r in runs})
+    ax.set_xlabel("concurrency")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(level) for level in levels])
+    ax.minorticks_off()
+    ax.grid(True, alpha=0.3)
+
+
 def plot_latency(runs: Sequence[RunResult], path: Path, title: str) -> None:
     """2x2 panels (TTFT, TPOT, ITL, E2EL): p50 solid, p90 dashed, p99 dotted, one colour per
     target, against concurrency."""
@@ -128,9 +137,7 @@ def plot_latency(runs: Sequence[RunResult], path: Path, title: str) -> None:
                     label=f"{label} p{p}",
                 )
         ax.set_title(f"{name} (ms)")
-        ax.set_xlabel("concurrency")
-        ax.set_xscale("log", base=2)
-        ax.grid(True, alpha=0.3)
+        _concurrency_axis(ax, runs)
     axes.flat[0].legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
@@ -152,9 +159,7 @@ def plot_throughput(runs: Sequence[RunResult], path: Path, title: str) -> None:
         axes[1].plot(xs, [r.stats.total_token_throughput for r in line], marker="o", label=label)
     for ax, name in zip(axes, ("output tokens/s", "total tokens/s"), strict=True):
         ax.set_title(name)
-        ax.set_xlabel("concurrency")
-        ax.set_xscale("log", base=2)
-        ax.grid(True, alpha=0.3)
+        _concurrency_axis(ax, runs)
         ax.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
