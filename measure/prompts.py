@@ -4,8 +4,9 @@ The text is the optimizer's calibration set (``optimizer/data/calibration.jsonl`
 Vicuna-style chat and code, licensed in that folder), joined into one token stream; prompt ``i``
 is a window of that stream at an offset drawn from ``random.Random(seed)``. A window is decoded
 and encoded again: when the round trip does not give exactly N tokens (a word split across the
-window's edge), the window moves on by one token, so every prompt is N tokens long as the
-server will count it (SmolLM2's tokenizer adds no special tokens to a completions prompt).
+window's edge), the window moves on by one token (and after ``MAX_SHIFTS`` a new offset is
+drawn), so every prompt is N tokens long as the server will count it (SmolLM2's tokenizer adds
+no special tokens to a completions prompt; the integration test checks the server's count).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from measure.loadgen import Prompt
 CALIBRATION = Path(__file__).resolve().parent.parent / "optimizer" / "data" / "calibration.jsonl"
 TOKENIZER_FILE = "tokenizer.json"
 MAX_SHIFTS = 64
+MAX_DRAWS = 100
 
 
 class PromptError(ValueError):
@@ -59,15 +61,23 @@ def make_prompts(
     rng = random.Random(seed)
     prompts = []
     for _ in range(count):
-        offset = rng.randrange(0, len(stream) - length - MAX_SHIFTS)
-        prompts.append(_window(tokenizer, stream, offset, length))
+        for _ in range(MAX_DRAWS):
+            offset = rng.randrange(0, len(stream) - length - MAX_SHIFTS)
+            prompt = _window(tokenizer, stream, offset, length)
+            if prompt is not None:
+                prompts.append(prompt)
+                break
+        else:
+            raise PromptError(f"no window of exactly {length} tokens in {MAX_DRAWS} draws")
     return prompts
 
 
-def _window(tokenizer: Tokenizer, stream: list[int], offset: int, length: int) -> Prompt:
+def _window(tokenizer: Tokenizer, stream: list[int], offset: int, length: int) -> Prompt | None:
     for shift in range(MAX_SHIFTS):
         start = offset + shift
-        text = tokenizer.decode(stream[start : start + length])
+        # Special tokens stay in the text (the chat samples hold <|im_start|>): the server
+        # reads them back as the same single tokens.
+        text = tokenizer.decode(stream[start : start + length], skip_special_tokens=False)
         if len(tokenizer.encode(text, add_special_tokens=False).ids) == length:
             return Prompt(text, length)
-    raise PromptError(f"no window of exactly {length} tokens near offset {offset}")
+    return None

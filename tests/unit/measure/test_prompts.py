@@ -48,3 +48,13 @@ def test_load_tokenizer_needs_a_tokenizer_json(tmp_path: Path, tokenizer: Tokeni
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     assert load_tokenizer(tmp_path).get_vocab_size() == tokenizer.get_vocab_size()
     assert load_tokenizer(tmp_path / "tokenizer.json").get_vocab_size() > 0
+
+
+def test_special_tokens_in_the_text_keep_their_count(tokenizer: Tokenizer) -> None:
+    tok = Tokenizer.from_str(tokenizer.to_str())
+    tok.add_special_tokens(["<|im_start|>"])
+    texts = ["<|im_start|>user\nHow many eggs? " * 40]
+    prompts = make_prompts(tok, 20, 24, seed=1, texts=texts)
+    assert any("<|im_start|>" in p.text for p in prompts)
+    for p in prompts:
+        assert len(tok.encode(p.text, add_special_tokens=False).ids) == 24
