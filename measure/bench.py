@@ -184,7 +184,7 @@ def sweep(
                 asyncio.run(warm_up(target.url, model, next(pool), config.output_len, 1))
         for level in config.concurrency:
             _describe(progress, f"{target.label} c={level}")
-            measure_level(
+            run = measure_level(
                 target,
                 model,
                 [next(pool) for _ in range(config.prompts_at(level))],
@@ -193,6 +193,24 @@ def sweep(
                 runs,
                 on_done=lambda _: progress.update(1) if progress is not None else None,
             )
+            _say(summary_line(run))
+
+
+def summary_line(run: RunResult) -> str:
+    """One line per finished level, for the console."""
+    s = run.stats
+    ttft = "-" if s.median_ttft_ms is None else f"{s.median_ttft_ms:.0f}"
+    tpot = "-" if s.median_tpot_ms is None else f"{s.median_tpot_ms:.1f}"
+    return (
+        f"bench: {run.label} c={run.max_concurrency}: {s.completed} ok, {s.failed} failed, "
+        f"TTFT p50 {ttft} ms, TPOT p50 {tpot} ms, {s.output_throughput:.1f} out tok/s"
+    )
+
+
+def _say(text: str) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(text, file=sys.stderr)
 
 
 def _describe(progress: Any, text: str) -> None:

@@ -11,6 +11,7 @@ from measure.bench import (
     parse_concurrency,
     prompts_needed,
     requests_by_tier,
+    summary_line,
     sweep,
 )
 from measure.loadgen import Prompt
@@ -83,3 +84,12 @@ def test_ctrl_c_mid_level_keeps_the_finished_requests(stub: StubServer) -> None:
     assert run.partial
     assert run.stats.completed == 2
     assert run.num_prompts == 6
+
+
+def test_a_line_per_level_on_stderr(stub: StubServer, capsys: pytest.CaptureFixture[str]) -> None:
+    config = BenchConfig(input_len=3, output_len=2, concurrency=(1,), num_prompts=2)
+    runs: list[RunResult] = []
+    sweep([Target("t", stub.url, "tier")], MODEL, _prompts(3), config, runs)
+    err = capsys.readouterr().err
+    assert "bench: t c=1: 2 ok, 0 failed, TTFT p50 " in err
+    assert summary_line(runs[0]) in err
