@@ -1,0 +1,114 @@
+"""``model-optimizer bench`` end to end on the real stack at tiny sizes, and its Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backends.metrics import parse_metrics
+from model_optimizer.envs import ROOT
+from tests.integration.conftest import Stack, cli, wait_until
+
+pytestmark = pytest.mark.integration
+INPUT, OUTPUT = 32, 8
+VLLM_FIELDS = [
+    "duration",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "max_concurrency",
+    "max_output_tokens_per_s",
+    "max_concurrent_requests",
+    "input_lens",
+    "output_lens",
+    "ttfts",
+    "itls",
+    "latencies",
+    "errors",
+] + [
+    f"{stat}_{metric}_ms"
+    for metric in ("ttft", "tpot", "itl", "e2el")
+    for stat in ("mean", "median", "std", "p50", "p90", "p99")
+]
+
+
+def test_bench_a_tier_and_the_gateway(stack: Stack, tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    args = ["bench", "--target", stack.gateway_url, "--tier", "fp16,gateway"]
+    args += ["--input-len", str(INPUT), "--output-len", str(OUTPUT), "--concurrency", "1,2"]
+    args += ["--num-prompts", "2", "--output", str(out)]
+    done = cli(*args, timeout=300)
+    assert done.returncode == 0, done.stderr
+    body = json.loads((out / "bench.json").read_text())
+    assert body["partial"] is False and body["model_id"] == "SmolLM2-135M-Instruct"
+    runs = body["runs"]
+    assert [(r["label"], r["max_concurrency"]) for r in runs] == [
+        ("fp16", 1),
+        ("fp16", 2),
+        ("gateway", 1),
+        ("gateway", 2),
+    ]
+    for run in runs:
+        for name in VLLM_FIELDS:
+            assert run.get(name) is not None, (run["label"], name)
+        assert (run["completed"], run["failed"]) == (2, 0), run["errors"]
+        # The server's own counts: prompts are exactly INPUT tokens, answers OUTPUT (ignore_eos).
+        assert run["input_lens"] == [INPUT, INPUT] and run["output_lens"] == [OUTPUT, OUTPUT]
+        for metric in ("ttft", "tpot", "itl", "e2el"):
+            p50, p90, p99 = (run[f"p{p}_{metric}_ms"] for p in (50, 90, 99))
+            assert 0 < p50 <= p90 <= p99, (run["label"], metric)
+        assert run["output_throughput"] > 0
+        assert run["total_token_throughput"] > run["output_throughput"]
+        assert all(
+            m["peak_rss_mib"] > 100 and m["peak_gpu_mib"] is None for m in run["peak_memory"]
+        )
+    assert [m["name"] for m in runs[0]["peak_memory"]] == ["fp16"]
+    assert {m["name"] for m in runs[2]["peak_memory"]} == set(stack.tier_urls)
+    assert sum(runs[2]["served_by"].values()) >= 2
+    table = (out / "bench.md").read_text()
+    assert table.count("| fp16 |") == 2 and table.count("| gateway |") == 2
+    for png in ("latency.png", "throughput.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    assert "| gateway | 2 | 2 | 0 |" in done.stdout
+
+
+def _finished(tier_url: str) -> float:
+    text = httpx.get(f"{tier_url}/metrics", timeout=10).text
+    return parse_metrics(text).requests_finished
+
+
+def test_ctrl_c_writes_what_was_measured(stack: Stack, tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    args = ["bench", "--target", stack.tier_urls["fp16"], "--input-len", str(INPUT)]
+    args += ["--output-len", str(OUTPUT), "--concurrency", "1", "--num-prompts", "200"]
+    finished = _finished(stack.tier_urls["fp16"])
+    process = subprocess.Popen(
+        [sys.executable, "-m", "model_optimizer.cli", *args, "--output", str(out)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # The warm-up and two measured requests have finished at the tier (one at a time, so the
+    # first is surely in the client's hands): interrupt.
+    wait_until(lambda: _finished(stack.tier_urls["fp16"]) >= finished + 3, timeout=180)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    body = json.loads((out / "bench.json").read_text())
+    assert body["partial"] is True
+    (run,) = body["runs"]
+    assert run["partial"] is True and 1 <= run["completed"] < 200
+    assert "(partial)" in stdout and "partial" in stderr
