@@ -199,7 +199,7 @@ def kv_tier(
         except (TierStartError, httpx.HTTPError) as exc:
             process.stop()
             reason = vllm_reason(log, " ".join(str(exc).split()))
-            notes.append(f"--kv-cache-dtype {dtype}: vLLM refused it: {reason}")
+            notes.append(f"--kv-cache-dtype {dtype}: the tier did not start: {reason}")
             continue
         try:
             pid = process.process.pid if process.process is not None else 0

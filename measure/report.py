@@ -178,6 +178,9 @@ def write_outputs(
     destination.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would stay on the renamed folder
         for name, text in files.items():
             (staging / name).write_text(text, encoding="utf-8")
         if runs:
