@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     sk.add_argument("--minutes", type=float, default=10.0)
     sk.add_argument("--gateway-pid", type=int, default=None, help="for RSS at start and end")
     sk.add_argument("--reset-tier", default=None, help="reset this tier halfway (admin key)")
+    from measure import eval_cli
+
+    eval_cli.add_parser(sub)  # `eval` and `eval routing FILE`
     return parser
 
 
@@ -192,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         return _policy_check(args)
     if args.command == "soak":
         return _soak(args)
+    if args.command == "eval":
+        from measure import eval_cli
+
+        return eval_cli.run(args)
     try:
         return _up(args)
     except AlreadyReported as exc:
