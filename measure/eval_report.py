@@ -121,7 +121,7 @@ def markdown(data: Mapping[str, Any]) -> str:
     for row in data["results"]:
         task = fmt(row["task_score"], 2)
         if row["task"]:
-            task = f"{task} ({'EM' if row['category'] == 'math' else 'pass@1'})"
+            task = f"{'GSM8K EM' if row['category'] == 'math' else 'HumanEval pass@1'} {task}"
         lines.append(
             f"| {row['tier']} | {row['category']} | {row['items']} ({row['tokens']}) | "
             f"{fmt(row['perplexity'], 2)} | {fmt(row['agreement'])} | {task} |"

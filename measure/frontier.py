@@ -29,6 +29,7 @@ class Outcome:
     gateway_quality: float  # the gateway's answer against the reference tier's
     tokens: Mapping[str, int]  # tier -> prompt + completion tokens of its direct answer
     quality: Mapping[str, float]  # tier -> its direct answer against the reference tier's
+    route_reason: str = ""  # x-route-reason (says when a saturated tier was skipped)
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,7 @@ async def replay(opts: RoutingOptions, prompts: Sequence[LabeledPrompt]) -> list
                 quality={
                     t: sequence_agreement(_ids(a[i], opts.tiers[t]), ref) for t, a in direct.items()
                 },
+                route_reason=answer.headers.get("x-route-reason", ""),
             )
         )
     return outcomes

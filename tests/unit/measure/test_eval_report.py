@@ -71,6 +71,7 @@ def test_report_json_and_markdown() -> None:
     assert md.count("\n| fp16 |") + md.count("\n| int4 |") == 6
     assert "| int4 | general | 1 (2) | 3.60 [2.72–4.48] | 0.750 [0.500–1.000] | - |" in md
     assert "2.72 (runs equal)" in md
+    assert "| GSM8K EM 0.50 [0.00–1.00] |" in md and "| HumanEval pass@1 0.50 [0.00–1.00] |" in md
 
 
 def test_write_atomically(tmp_path: Path) -> None:
