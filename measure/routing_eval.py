@@ -53,10 +53,15 @@ async def replay(opts: RoutingOptions, prompts: Sequence[LabeledPrompt]) -> list
         def ask(base: str, text: str) -> Any:
             return lambda: api.chat(client, base, model, text, opts.max_tokens, opts.seed)
 
-        direct: dict[str, list[api.Answer]] = {}
-        for tier, base in opts.tiers.items():
-            calls = [ask(base, p.prompt) for p in prompts]
-            direct[tier] = await _gather(f"{tier} direct", calls, opts.concurrency)
+        # The tiers are separate servers: ask them all at once (each --concurrency at a time);
+        # the gateway afterwards, so this replay's own load does not steer its routing.
+        answers = await asyncio.gather(
+            *(
+                _gather(f"{tier} direct", [ask(base, p.prompt) for p in prompts], opts.concurrency)
+                for tier, base in opts.tiers.items()
+            )
+        )
+        direct = dict(zip(opts.tiers, answers, strict=True))
         calls = [ask(opts.gateway, p.prompt) for p in prompts]
         routed = await _gather("gateway", calls, opts.concurrency)
     outcomes = []
