@@ -65,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     from measure.command import add_arguments as bench_arguments
 
     bench_arguments(sub.add_parser("bench", help="serving benchmark of a gateway or tier"))
+    from measure import eval_cli
+
+    eval_cli.add_parser(sub)  # `eval` and `eval routing FILE`
     return parser
 
 
@@ -199,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         from measure.command import run as run_bench
 
         return run_bench(args)
+    if args.command == "eval":
+        from measure import eval_cli
+
+        return eval_cli.run(args)
     try:
         return _up(args)
     except AlreadyReported as exc:

@@ -1,0 +1,67 @@
+"""``model-optimizer eval`` arguments: bad input is one line and exit 2, nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from measure.eval_cli import UsageError, parse_tiers
+from model_optimizer.cli import main
+
+
+def test_tiers_by_name_or_consecutive_ports() -> None:
+    assert parse_tiers("fp16=http://h:1/,x=http://h:9", "", "") == {
+        "fp16": "http://h:1",
+        "x": "http://h:9",
+    }
+    assert parse_tiers("", "http://127.0.0.1:18100", "fp16,int8,int4") == {
+        "fp16": "http://127.0.0.1:18100",
+        "int8": "http://127.0.0.1:18101",
+        "int4": "http://127.0.0.1:18102",
+    }
+    for bad in ("fp16", "fp16=ftp://x", "a=http://h:1,a=http://h:2", "=http://h:1"):
+        with pytest.raises(UsageError):
+            parse_tiers(bad, "", "")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["eval", "--tiers", "int8=http://127.0.0.1:1"], "--reference fp16 is not among"),
+        (["eval", "--tiers", "fp16"], "is not name=URL"),
+        (["eval", "--limit", "0"], "--limit must be positive"),
+        (["eval", "--runs", "-1"], "--runs must be positive"),
+        (["eval", "--tier-base", "http://127.0.0.1"], "has no port"),
+        (
+            ["eval", "routing", "{data}/absent.jsonl", "--tier-base", "http://127.0.0.1:1"],
+            "cannot read",
+        ),
+        (["eval", "routing", "{data}/bad.jsonl", "--max-tokens", "0"], "--max-tokens must be"),
+        (["eval", "routing", "{data}/bad.jsonl"], "bad.jsonl:1: 'label' must be one of"),
+        (["eval", "routing", "{data}/bad.jsonl", "--gateway", "x"], "is not an http(s) URL"),
+        (["eval", "--output", "{data}/bad.jsonl"], "exists and is not an empty folder"),
+    ],
+)
+def test_bad_input(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "p", "label": "nope"}\n')
+    argv = [a.replace("{data}", str(tmp_path)) for a in argv]
+    if "--output" not in argv:
+        argv += ["--output", str(tmp_path / "out")]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith("model-optimizer: error: ") and message in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unreachable_tier_is_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from backends.process import free_port
+
+    base = f"http://127.0.0.1:{free_port()}"
+    assert main(["eval", "--tiers", f"fp16={base}", "--output", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and base in err
+    assert not (tmp_path / "o").exists()
