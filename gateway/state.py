@@ -15,6 +15,7 @@ from gateway.plan import PromptCounter
 from gateway.policy import CLASS_NAMES, RoutingPolicy
 from gateway.policy_store import ActivePolicy
 from gateway.shared import SharedState
+from gateway.tier_memory import TierMemory
 from gateway.tier_status import TierBoard
 from gateway.upstream import Upstream
 
@@ -71,6 +72,7 @@ class Runtime:
     metrics: GatewayMetrics
     tracer: Tracer
     admission: Admission
+    memory: TierMemory
 
 
 def get_config(request: Request) -> GatewayConfig:
