@@ -35,6 +35,7 @@ from gateway.plan import ByteCounter, PromptCounter
 from gateway.policy_store import ActivePolicy, PolicyStore
 from gateway.proxy import chat_completions, completions, list_models
 from gateway.resets import ResetCoordinator, apply_shared_marks
+from gateway.shadow import ShadowSampler, encoder
 from gateway.shared import SharedRecords, SharedState
 from gateway.state import Admission, FixedPolicy, PolicySource, Runtime, default_policy, get_runtime
 from gateway.telemetry import build_tracer_provider, instrument_asgi, shutdown
@@ -73,17 +74,20 @@ def create_app(
         shared = SharedState(config.redis_url, prefix=config.redis_prefix)
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
             await shared.start()
+            upstream, board = Upstream(client), TierBoard(config.tiers, tier_states)
+            tracer = provider.get_tracer("model_optimizer.gateway")
             runtime = Runtime(
                 config=config,
-                upstream=Upstream(client),
+                upstream=upstream,
                 policies=policies,
                 counter=counter,
-                board=TierBoard(config.tiers, tier_states),
+                board=board,
                 shared=shared,
                 metrics=metrics,
-                tracer=provider.get_tracer("model_optimizer.gateway"),
+                tracer=tracer,
                 admission=Admission(config.max_in_flight),
                 memory=TierMemory(config.tiers, tier_pids),
+                shadow=ShadowSampler(upstream, board, metrics, tracer, encoder(counter)),
             )
             lock = LeaderLock(
                 config.redis_url,
@@ -100,9 +104,11 @@ def create_app(
                     group.start_soon(coordinator.run)
                     if isinstance(policies, PolicyStore) and config.watch_policy:
                         group.start_soon(policies.watch, metrics.policy_reload)
+                    runtime.shadow.attach(group)  # comparisons end with the lifespan
                     try:
                         yield
                     finally:
+                        runtime.shadow.attach(None)
                         group.cancel_scope.cancel()
             finally:
                 del app.state.runtime, app.state.resets
