@@ -8,7 +8,8 @@ measured through a gateway of its own over running tiers.
 It starts ``python -m gateway`` on a free loopback port with a copy of policies/routing.yaml
 where ``shadow.fraction`` is 1.0 and pinning is allowed, sends --requests greedy chat requests
 one at a time (the first questions of ../shared/data/vicuna_bench_questions.jsonl, alternately
-pinned to int4 and int8, --max-tokens each), waits for every comparison to end, and prints a
+pinned to int4 and int8, --max-tokens each; each after the previous comparison ended, unless
+--overlap), waits for every comparison to end, and prints a
 Markdown table from the gateway's /metrics (sampled every 0.5 s meanwhile, so the largest KV
 tokens per running request seen is reported too). Progress on stderr.
 """
@@ -55,6 +56,10 @@ def pick(seen: Seen, name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in seen.items() if n == name and all(p in ls for p in want))
 
 
+def shadows_running(url: str) -> bool:
+    return values(url).get(("gateway_shadow_in_flight", ()), 0.0) > 0
+
+
 def signal_row(seen: Seen, tier: str, peak_kv: float | None) -> str:
     """One Markdown row of a tier's signals at the end of the run."""
 
@@ -79,13 +84,22 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--questions", type=Path, default=QUESTIONS)
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="shadow.timeout_seconds (s) for the run"
+    )
+    parser.add_argument(
+        "--overlap",
+        action="store_true",
+        help="send the next request at once instead of after the last comparison ended "
+        "(comparisons then compete with the traffic and some are dropped)",
+    )
     args = parser.parse_args()
     tiers = [dict(zip(("name", "base_url"), t.split("=", 1), strict=True)) for t in args.tier]
     questions = [json.loads(line)["turns"][0] for line in args.questions.read_text().splitlines()]
     folder = Path(tempfile.mkdtemp(prefix="bench-shadow-"))
     policy = yaml.safe_load((ROOT / "policies" / "routing.yaml").read_text())
     policy["pinning"]["allow"] = True
-    policy["shadow"].update(fraction=1.0, max_tokens=args.max_tokens)
+    policy["shadow"].update(fraction=1.0, max_tokens=args.max_tokens, timeout_seconds=args.timeout)
     (folder / "routing.yaml").write_text(yaml.safe_dump(policy))
     config = {
         "model_name": MODEL,
@@ -142,7 +156,9 @@ def main() -> int:
                     f"{url}/v1/chat/completions", json=body, headers={"x-route-tier": tier}
                 )
                 print(f"{i + 1}/{args.requests} {tier}: {answer.status_code}", file=sys.stderr)
-        while values(url).get(("gateway_shadow_in_flight", ()), 0) > 0:
+                while not args.overlap and shadows_running(url):
+                    time.sleep(0.5)
+        while shadows_running(url):
             time.sleep(0.5)
         time.sleep(1.5)  # one more scrape of the tiers
         seen = values(url)
