@@ -60,6 +60,9 @@ class TierMetrics:
     e2e_latency_count: float = 0.0
     sleep_level: int | None = None  # 0 awake, 1 weights offloaded, 2 discard all
     block_size: int | None = None  # KV block size in tokens, from vllm:cache_config_info
+    # Usable KV blocks, summed over engines: num_gpu_blocks of vllm:cache_config_info minus
+    # the one null block each engine keeps out of its pool (vLLM's usage counts the rest).
+    kv_blocks: int | None = None
     prefix_caching_enabled: bool | None = None
     # vllm:time_to_first_token_seconds cumulative buckets: (upper bound s, count), le ascending.
     ttft_buckets: tuple[tuple[float, float], ...] = ()
@@ -133,12 +136,14 @@ def parse_metrics(text: str, model_name: str | None = None) -> TierMetrics:
         missing.append(SLEEP_STATE)
     ttft_buckets = _buckets(by_name.get(TTFT_BUCKET, []))
     block_size, prefix_caching = _cache_config(by_name.get(CACHE_CONFIG, []))
+    kv_blocks = _usable_blocks(by_name.get(CACHE_CONFIG, []))
     if CACHE_CONFIG not in by_name:
         missing.append(CACHE_CONFIG)
     return TierMetrics(
         kv_cache_usage=kv_usage,
         sleep_level=sleep_level,
         block_size=block_size,
+        kv_blocks=kv_blocks,
         prefix_caching_enabled=prefix_caching,
         ttft_buckets=ttft_buckets,
         missing=tuple(missing),
@@ -223,6 +228,18 @@ def _cache_config(samples: list[Sample]) -> tuple[int | None, bool | None]:
         block_size = None
     caching = labels.get("enable_prefix_caching")
     return block_size, (caching == "True" if caching in ("True", "False") else None)
+
+
+def _usable_blocks(samples: list[Sample]) -> int | None:
+    """Each engine's ``num_gpu_blocks`` (the pool on every device, CPU included) less its null
+    block, summed over engines; None without the label or when it is not a number."""
+    total = 0
+    for sample in samples:
+        try:
+            total += int(sample.labels.get("num_gpu_blocks", "")) - 1
+        except ValueError:
+            return None
+    return total if samples else None
 
 
 def _buckets(samples: Iterable[Sample]) -> tuple[tuple[float, float], ...]:

@@ -105,6 +105,15 @@ class Supervisor:
         with self._lock:
             return {name: record.state for name, record in self.records.items()}
 
+    def pids(self) -> dict[str, int]:
+        """The root process of each tier that is running (its process group leader)."""
+        with self._lock:
+            return {
+                name: record.process.process.pid
+                for name, record in self.records.items()
+                if record.process.process is not None and record.process.alive()
+            }
+
     def set_state(self, name: str, state: TierState, note: str = "") -> None:
         with self._lock:
             record = self.records[name]

@@ -35,9 +35,12 @@ from gateway.plan import ByteCounter, PromptCounter
 from gateway.policy_store import ActivePolicy, PolicyStore
 from gateway.proxy import chat_completions, completions, list_models
 from gateway.resets import ResetCoordinator, apply_shared_marks
+from gateway.shadow import ShadowSampler, encoder
 from gateway.shared import SharedRecords, SharedState
 from gateway.state import Admission, FixedPolicy, PolicySource, Runtime, default_policy, get_runtime
 from gateway.telemetry import build_tracer_provider, instrument_asgi, shutdown
+from gateway.tier_memory import TierMemory, TierPids
+from gateway.tier_signals import derive_signals
 from gateway.tier_status import TierBoard, TierStates, scrape_tier
 from gateway.upstream import Upstream
 
@@ -49,12 +52,14 @@ def create_app(
     tier_states: TierStates | None = None,
     *,
     span_exporter: SpanExporter | None = None,
+    tier_pids: TierPids | None = None,
 ) -> Starlette:
     """Build the app (no I/O until its lifespan runs).
 
     ``tier_states`` returns each tier's state as its supervisor sees it; without it, tiers are
-    judged by their scrapes alone. ``span_exporter`` replaces the ``OTEL_*``-configured
-    exporters (tests pass an in-memory one).
+    judged by their scrapes alone. ``tier_pids`` returns each tier's root process (the
+    supervisor's); without it, loopback tiers are found by port (gateway/tier_memory.py).
+    ``span_exporter`` replaces the ``OTEL_*``-configured exporters (tests pass an in-memory one).
     """
     provider = build_tracer_provider(span_exporter)
     metrics = GatewayMetrics()
@@ -69,16 +74,20 @@ def create_app(
         shared = SharedState(config.redis_url, prefix=config.redis_prefix)
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
             await shared.start()
+            upstream, board = Upstream(client), TierBoard(config.tiers, tier_states)
+            tracer = provider.get_tracer("model_optimizer.gateway")
             runtime = Runtime(
                 config=config,
-                upstream=Upstream(client),
+                upstream=upstream,
                 policies=policies,
                 counter=counter,
-                board=TierBoard(config.tiers, tier_states),
+                board=board,
                 shared=shared,
                 metrics=metrics,
-                tracer=provider.get_tracer("model_optimizer.gateway"),
+                tracer=tracer,
                 admission=Admission(config.max_in_flight),
+                memory=TierMemory(config.tiers, tier_pids),
+                shadow=ShadowSampler(upstream, board, metrics, tracer, encoder(counter)),
             )
             lock = LeaderLock(
                 config.redis_url,
@@ -95,9 +104,11 @@ def create_app(
                     group.start_soon(coordinator.run)
                     if isinstance(policies, PolicyStore) and config.watch_policy:
                         group.start_soon(policies.watch, metrics.policy_reload)
+                    runtime.shadow.attach(group)  # comparisons end with the lifespan
                     try:
                         yield
                     finally:
+                        runtime.shadow.attach(None)
                         group.cancel_scope.cancel()
             finally:
                 del app.state.runtime, app.state.resets
@@ -174,6 +185,7 @@ async def scrape_all(runtime: Runtime) -> None:
         for name in runtime.board.tiers:
             group.start_soon(one, name)
     await apply_shared_marks(runtime, SharedRecords(runtime.shared))
+    await runtime.memory.sample()
     states = {name: status.state for name, status in runtime.board.statuses().items()}
     for name, state in states.items():
         if state != before[name]:
@@ -195,6 +207,13 @@ async def metrics_endpoint(request: Request) -> Response:
     in_flight = await runtime.shared.in_flight()
     for name, status in runtime.board.statuses().items():
         runtime.metrics.set_tier(name, in_flight.get(name, 0), status.state == "ready")
+    board, memory = runtime.board, runtime.memory
+    runtime.metrics.tier_signals.publish(
+        {
+            name: derive_signals(board.metrics(name), memory.latest(name), memory.peak(name))
+            for name in board.tiers
+        }
+    )
     body, content_type = runtime.metrics.render(request.headers.get("accept"))
     return Response(body, media_type=content_type)
 

@@ -15,13 +15,21 @@ Contract:
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.tier_signals import TierSignals
 
 NO_TIER = "none"
 # LLM calls span milliseconds (a rejected or cached answer) to minutes (a long generation).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
 RELOAD_OUTCOMES = frozenset({"applied", "rejected", "unchanged"})
+# Token agreement of a shadow comparison, 0..1 (gateway/shadow.py); 1 means identical outputs.
+AGREEMENT_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
 class GatewayMetrics:
@@ -93,6 +101,36 @@ class GatewayMetrics:
             ["outcome"],
             registry=reg,
         )
+        self.shadow_comparisons = Counter(
+            "gateway_shadow_comparisons_total",
+            "Shadow comparisons of a tier's answer with the reference tier's, by tier.",
+            ["tier"],
+            registry=reg,
+        )
+        self.shadow_deviations = Counter(
+            "gateway_shadow_deviations_total",
+            "Shadow comparisons whose token agreement was below the policy's threshold.",
+            ["tier"],
+            registry=reg,
+        )
+        self.shadow_agreement = Histogram(
+            "gateway_shadow_agreement",
+            "Token agreement (0..1) of shadow comparisons, by tier.",
+            ["tier"],
+            buckets=AGREEMENT_BUCKETS,
+            registry=reg,
+        )
+        self.shadow_dropped = Counter(
+            "gateway_shadow_dropped_total",
+            "Sampled shadow comparisons not made, by tier and reason.",
+            ["tier", "reason"],
+            registry=reg,
+        )
+        self.shadow_in_flight = Gauge(
+            "gateway_shadow_in_flight", "Shadow comparisons running now.", registry=reg
+        )
+        self.tier_signals = TierSignalsCollector()
+        reg.register(self.tier_signals)
 
     def observe_request(
         self,
@@ -142,7 +180,61 @@ class GatewayMetrics:
         self.resets.labels(tier=tier, outcome=outcome).inc()
         self.reset_duration.labels(tier=tier).observe(max(seconds, 0.0))
 
+    def shadow_compared(self, tier: str, agreement: float, deviated: bool) -> None:
+        """One shadow comparison of ``tier`` with the reference ended with ``agreement``."""
+        self.shadow_comparisons.labels(tier).inc()
+        self.shadow_agreement.labels(tier).observe(agreement)
+        if deviated:
+            self.shadow_deviations.labels(tier).inc()
+
+    def shadow_drop(self, tier: str, reason: str) -> None:
+        """A sampled shadow comparison of ``tier`` was not made (a fixed reason code)."""
+        self.shadow_dropped.labels(tier, reason).inc()
+
     def render(self, accept_header: str | None) -> tuple[bytes, str]:
         """The registry in the format the Accept header asks for, and its content type."""
         encoder, content_type = choose_encoder(accept_header or "")
         return encoder(self.registry), content_type
+
+
+# (name, help, kind, TierSignals field); counters get "_total" appended when rendered.
+TIER_SIGNAL_SERIES = (
+    ("gateway_tier_kv_usage_ratio", "Share (0..1) of the tier's KV blocks in use.", "gauge",
+     "kv_usage"),
+    ("gateway_tier_kv_capacity_tokens", "Token slots of the tier's KV pool.", "gauge",
+     "kv_capacity_tokens"),
+    ("gateway_tier_kv_tokens_per_request",
+     "KV token slots in use per running request (absent while none runs).", "gauge",
+     "kv_tokens_per_request"),
+    ("gateway_tier_preemptions", "vllm:num_preemptions_total of the tier, mirrored.", "counter",
+     "preemptions"),
+    ("gateway_tier_memory_bytes", "RSS of the tier's process tree at the last sample.", "gauge",
+     "memory_bytes"),
+    ("gateway_tier_peak_memory_bytes",
+     "Largest sampled RSS of the tier's process tree since its process started.", "gauge",
+     "peak_memory_bytes"),
+)  # fmt: skip
+
+
+class TierSignalsCollector(Collector):
+    """Renders the latest ``TierSignals`` of each tier (gateway/tier_signals.py); a value that
+    is not known has no sample."""
+
+    def __init__(self) -> None:
+        self._signals: dict[str, TierSignals] = {}
+
+    def publish(self, signals: Mapping[str, TierSignals]) -> None:
+        self._signals = dict(signals)
+
+    def collect(self) -> Iterator[Metric]:
+        for name, text, kind, attribute in TIER_SIGNAL_SERIES:
+            family: GaugeMetricFamily | CounterMetricFamily
+            if kind == "counter":
+                family = CounterMetricFamily(name, text, labels=["tier"])
+            else:
+                family = GaugeMetricFamily(name, text, labels=["tier"])
+            for tier, signals in self._signals.items():
+                value = getattr(signals, attribute)
+                if value is not None:
+                    family.add_metric([tier], float(value))
+            yield family

@@ -18,6 +18,8 @@ Sections:
   quiet-traffic condition, the least interval between two resets, drift triggers); the
   decision itself is gateway/reset_schedule.py. Window and quiet requirements are checked only
   when ``enabled`` (an operator's forced reset needs neither).
+- ``shadow``: the share of answers from cheaper tiers compared off the response path with the
+  reference tier's (gateway/shadow.py); its tiers are checked only when ``fraction`` > 0.
 """
 
 from __future__ import annotations
@@ -348,6 +350,22 @@ class ResetsPolicy(_Section):
         return self.when != "window"
 
 
+# --------------------------------------------------------------------------- shadow
+
+
+class ShadowPolicy(_Section):
+    """Shadow sampling; see policies/routing.yaml for each field."""
+
+    fraction: float = Field(default=0.0, ge=0, le=1)
+    tiers: list[str] = Field(default_factory=lambda: ["int4", "int8"])
+    reference: str = "fp16"
+    max_concurrent: PositiveInt = 2
+    max_gateway_load: float = Field(default=0.5, gt=0, le=1)
+    deviation_threshold: float = Field(default=0.9, ge=0, le=1)
+    max_tokens: PositiveInt = 64
+    timeout_seconds: PositiveFloat = 60.0
+
+
 class RoutingPolicy(_Section):
     """The whole file."""
 
@@ -359,6 +377,7 @@ class RoutingPolicy(_Section):
     pinning: PinningPolicy = Field(default_factory=PinningPolicy)
     timeouts: TimeoutsPolicy = Field(default_factory=TimeoutsPolicy)
     resets: ResetsPolicy = Field(default_factory=ResetsPolicy)
+    shadow: ShadowPolicy = Field(default_factory=ShadowPolicy)
 
     @field_validator("tiers")
     @classmethod
@@ -422,6 +441,21 @@ def _problems(policy: RoutingPolicy) -> Iterator[tuple[Loc, str]]:
             loc: Loc = ("limits", "tier_max_input_tokens", name)
             yield loc, f"unknown tier {name} (tiers: {declared})"
     yield from _reset_problems(policy.resets)
+    yield from _shadow_problems(policy.shadow, policy.tiers)
+
+
+def _shadow_problems(shadow: ShadowPolicy, tiers: Sequence[str]) -> Iterator[tuple[Loc, str]]:
+    """A sampling ``shadow`` compares declared tiers with another declared tier."""
+    if shadow.fraction <= 0:
+        return
+    declared = ", ".join(tiers)
+    for i, name in enumerate(shadow.tiers):
+        if name not in tiers:
+            yield ("shadow", "tiers", i), f"unknown tier {name} (tiers: {declared})"
+        elif name == shadow.reference:
+            yield ("shadow", "tiers", i), f"{name} is the reference tier"
+    if shadow.reference not in tiers:
+        yield ("shadow", "reference"), f"unknown tier {shadow.reference} (tiers: {declared})"
 
 
 def _reset_problems(resets: ResetsPolicy) -> Iterator[tuple[Loc, str]]:

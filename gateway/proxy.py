@@ -9,6 +9,7 @@ tiers (gateway/relay.py), inside a ``gateway.request`` span with ``classify``, `
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping
@@ -28,6 +29,7 @@ from gateway.relay import (
     unless_client_leaves,
     whole_response,
 )
+from gateway.shadow import ShadowJob
 from gateway.state import Runtime, get_runtime
 from gateway.telemetry import ATTR_CLASS, ATTR_INPUT_TOKENS, ATTR_REASON, inject_trace_headers
 from gateway.upstream import aclose_quietly
@@ -155,6 +157,7 @@ async def _completion(
     exchange.reason = plan.reason
     tiers = [runtime.board.tiers[name] for name in plan.chain]
 
+    span_of = trace.get_current_span().get_span_context()  # the request's, for shadow links
     upstream_span = tracer.start_span("upstream")
     exchange.children.append(upstream_span)
     headers = dict(request.headers)
@@ -176,7 +179,11 @@ async def _completion(
             raise
         upstream_span.set_attribute("gateway.route.tier", tier.name)
         answer_headers = route_headers(plan.cls, tier.name, plan.reason)
+        shadow = ShadowJob(
+            tier.name, path, plan.body_for(tier.name, body), plan.max_tokens_field, None, span_of
+        )
         if wants_stream(body) and response.status_code == 200:
+            offer_shadow(runtime, shadow)  # counted as dropped (streaming) when drawn
             # From here on the streaming response owns the upstream and finishes the exchange.
             return UpstreamStreamingResponse(
                 runtime.upstream, tier, response, answer_headers, exchange
@@ -186,6 +193,8 @@ async def _completion(
         exchange.input_tokens = prompt_tokens or exchange.input_tokens
         answer = whole_response(tier, response, raw, answer_headers)
         await exchange.finish(answer.status_code)
+        if response.status_code == 200:
+            offer_shadow(runtime, dataclasses.replace(shadow, answer=raw))
         return answer
 
     answer = await unless_client_leaves(request, exchange_with_tiers)
@@ -194,6 +203,12 @@ async def _completion(
         await exchange.finish(499)
         return Response(status_code=499)  # nobody is listening any more
     return answer
+
+
+def offer_shadow(runtime: Runtime, job: ShadowJob) -> None:
+    """Offer an answered request to shadow sampling (gateway/shadow.py); never waits."""
+    policy = runtime.policies.active.policy.shadow
+    runtime.shadow.offer(policy, job, runtime.admission.current, runtime.admission.limit)
 
 
 async def chat_completions(request: Request) -> Response:

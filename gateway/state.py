@@ -14,7 +14,9 @@ from gateway.metrics import GatewayMetrics
 from gateway.plan import PromptCounter
 from gateway.policy import CLASS_NAMES, RoutingPolicy
 from gateway.policy_store import ActivePolicy
+from gateway.shadow import ShadowSampler
 from gateway.shared import SharedState
+from gateway.tier_memory import TierMemory
 from gateway.tier_status import TierBoard
 from gateway.upstream import Upstream
 
@@ -71,6 +73,8 @@ class Runtime:
     metrics: GatewayMetrics
     tracer: Tracer
     admission: Admission
+    memory: TierMemory
+    shadow: ShadowSampler
 
 
 def get_config(request: Request) -> GatewayConfig:

@@ -216,7 +216,9 @@ def run_up(opts: UpOptions) -> int:
             _say(f"tier {launch.name} ready on http://{launch.host}:{launch.port}")
         config = gateway_config(opts, name, launches)
         app = create_app(
-            config, tier_states=lambda: {k: v.value for k, v in supervisor.states().items()}
+            config,
+            tier_states=lambda: {k: v.value for k, v in supervisor.states().items()},
+            tier_pids=supervisor.pids,
         )
         _say(f"gateway on http://{LOOPBACK}:{opts.gateway_port}/v1 — try:")
         print(f"  {curl_example(opts.gateway_port, name)}", file=sys.stderr, flush=True)

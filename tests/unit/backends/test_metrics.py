@@ -39,6 +39,7 @@ def test_real_idle_scrape_is_read_field_by_field() -> None:
         e2e_latency_count=5.0,
         sleep_level=0,
         block_size=128,
+        kv_blocks=21,
         prefix_caching_enabled=True,
         missing=(),
     )
@@ -72,6 +73,12 @@ def test_engines_are_summed_and_kv_usage_averaged() -> None:
     assert m.generation_tokens == 50.0
     assert m.ttft_count == 7.0
     assert m.kv_cache_usage == pytest.approx((1 / 21 + 0.25) / 2)
+    assert m.kv_blocks == 2 * 21  # 22 blocks per engine, one of them the null block
+
+
+def test_kv_blocks_need_a_numeric_num_gpu_blocks() -> None:
+    text = _fixture("cpu-idle").replace('num_gpu_blocks="22"', 'num_gpu_blocks="None"')
+    assert parse_metrics(text).kv_blocks is None
 
 
 def test_model_filter_keeps_only_that_models_samples() -> None:
@@ -103,6 +110,7 @@ def test_missing_families_read_zero_and_are_named() -> None:
     assert m.requests_running == 2.0
     assert m.prefix_cache_hits == 0.0
     assert m.block_size is None and m.prefix_caching_enabled is None and m.sleep_level is None
+    assert m.kv_blocks is None
     assert "vllm:num_requests_running" not in m.missing
     assert {
         "vllm:kv_cache_usage_perc",

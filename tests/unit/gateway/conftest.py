@@ -43,6 +43,9 @@ class StubTier:
         self.mode = "normal"
         self.health_status = 200
         self.chunks = 3
+        self.metrics_text: str | None = None  # served at /metrics when set (else 404)
+        self.answer_text = "The capital of France is Paris."  # chat answers
+        self.completion_text = " Paris."  # completions answers
         self.requests: list[dict[str, Any]] = []
         self.stream_started = threading.Event()
         self.stream_finished = threading.Event()
@@ -55,6 +58,7 @@ class StubTier:
                 Route("/v1/completions", self._completions, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/health", self._health, methods=["GET"]),
+                Route("/metrics", self._metrics, methods=["GET"]),
             ]
         )
 
@@ -92,11 +96,12 @@ class StubTier:
     def _whole(self, chat: bool) -> dict[str, Any]:
         usage = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
         if chat:
-            message = {"role": "assistant", "content": "The capital of France is Paris."}
+            message = {"role": "assistant", "content": self.answer_text}
             choice = {"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}
             kind = "chat.completion"
         else:
-            choice = {"index": 0, "text": " Paris.", "finish_reason": "stop", "logprobs": None}
+            text = self.completion_text
+            choice = {"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}
             kind = "text_completion"
         return {
             "id": "cmpl-stub",
@@ -142,6 +147,11 @@ class StubTier:
 
     async def _health(self, request: Request) -> Response:
         return Response(status_code=self.health_status)
+
+    async def _metrics(self, request: Request) -> Response:
+        if self.metrics_text is None:
+            return Response(status_code=404)
+        return Response(self.metrics_text, media_type="text/plain")
 
 
 @pytest.fixture
