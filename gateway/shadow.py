@@ -5,12 +5,12 @@ drawn with probability ``shadow.fraction``; a drawn request is compared with the
 tier (fp16) in a background task the client never waits for, or dropped (counted by reason).
 
 Pure parts:
-- ``decide``: skip (not a shadowed tier, not drawn), compare, or a drop reason:
+- ``decide``: skip (not a shadowed tier, not drawn), compare, or the first drop reason of:
   ``streaming`` (only whole answers are shadowed: the relayed stream is not kept),
-  ``reference_not_ready``, ``reference_busy`` (requests wait in its queue), ``tier_not_ready``,
   ``slots_full`` (``max_concurrent`` comparisons run), ``overloaded`` (the gateway holds more
-  than ``max_gateway_load`` of its ``max_in_flight``). Later, ``no_text`` (an answer without
-  text), ``failed`` (a shadow request's error) and ``timeout`` (``timeout_seconds``).
+  than ``max_gateway_load`` of its ``max_in_flight``), ``reference_not_ready``,
+  ``reference_busy`` (requests wait in its queue), ``tier_not_ready``. Later, ``no_text``
+  (an answer without text), ``failed`` (a shadow request's error) and ``timeout``.
 - Deterministic comparison: a greedy request (``temperature`` 0) keeps the client's answer and
   sends the reference one greedy copy; any other request sends greedy copies to both the
   served tier and the reference. Copies are whole (not streamed), ``n`` 1, at most
@@ -79,16 +79,17 @@ def decide(
         return SKIP
     if streaming:
         return "streaming"
+    # The gateway's own bounds first, then the tiers' states.
+    if load.running >= policy.max_concurrent:
+        return "slots_full"
+    if load.gateway_in_flight > policy.max_gateway_load * load.gateway_limit:
+        return "overloaded"
     if load.reference_state != READY:
         return "reference_not_ready"
     if load.reference_waiting > 0:
         return "reference_busy"
     if not greedy and load.tier_state != READY:
         return "tier_not_ready"
-    if load.running >= policy.max_concurrent:
-        return "slots_full"
-    if load.gateway_in_flight > policy.max_gateway_load * load.gateway_limit:
-        return "overloaded"
     return COMPARE
 
 

@@ -68,6 +68,8 @@ def test_decide_names_why_a_drawn_request_is_dropped() -> None:
     assert _decide(running=2) == "slots_full" and _decide(running=1) == COMPARE
     assert _decide(gateway_in_flight=6) == "overloaded"  # more than 0.5 x 10
     assert _decide(gateway_in_flight=5) == COMPARE
+    # The gateway's own bounds are named before the tiers' states.
+    assert _decide(running=2, reference_waiting=1.0) == "slots_full"
 
 
 def test_the_draw_follows_the_fraction() -> None:
