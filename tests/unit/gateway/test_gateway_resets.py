@@ -148,15 +148,18 @@ def test_reset_now_skips_the_window_and_marks_the_tier_meanwhile(
     seen: list[str] = []
 
     async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
-        async def watch() -> None:
-            while True:
-                seen.append(runtime.board.state("int8"))
-                await asyncio.sleep(0.01)
+        # Every state the board is given for int8, recorded as it is set (a polling
+        # watcher missed a short draining phase on a loaded machine).
+        set_state = runtime.board.set_state
 
-        watcher = asyncio.create_task(watch())
+        def recording(name: str, state: str | None) -> None:
+            set_state(name, state)
+            if name == "int8":
+                seen.append(runtime.board.state("int8"))
+
+        runtime.board.set_state = recording  # type: ignore[method-assign]
         await coordinator.request("int8")
         decision = await coordinator.tick()
-        watcher.cancel()
         seen.append(runtime.board.state("int8"))
         return decision, await SharedRecords(runtime.shared).get(MARKS)
 
