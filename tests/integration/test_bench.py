@@ -92,6 +92,9 @@ def test_ctrl_c_writes_what_was_measured(stack: Stack, tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C's default action even when this test runs in the background (where SIGINT
+        # is ignored and the child would inherit that).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert process.stderr is not None
     seen = []
