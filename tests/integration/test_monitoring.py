@@ -80,23 +80,29 @@ def test_shadow_comparisons_drops_and_tier_signals(stack: Stack, tmp_path: Path)
                 time.sleep(0.2)
             story.result()
         assert value(read(url), "gateway_shadow_in_flight") == 1.0  # answered; shadow runs
-        # Its one slot is taken: the next drawn request is dropped, and its client served.
+        # Its one slot is taken: the next drawn request is dropped, and its client served --
+        # unless the first comparison ended before that request was answered (CI saw it: the
+        # reference can stop early), in which case the second one holds the slot instead.
         chat(url, "Hi!", 8)
         values = read(url)
-        assert value(values, "gateway_shadow_in_flight") == 1.0  # (still the first one)
-        assert value(values, "gateway_shadow_dropped_total", reason="slots_full", tier="int4") == 1
+        assert value(values, "gateway_shadow_in_flight") == 1.0
+        slot_drops = value(values, "gateway_shadow_dropped_total", reason="slots_full", tier="int4")
+        first_done = value(values, "gateway_shadow_comparisons_total", tier="int4") or 0.0
+        assert (slot_drops, first_done) in ((1.0, 0.0), (None, 1.0)), (slot_drops, first_done)
+        hi_compared = slot_drops is None
         capacity = value(values, "gateway_tier_kv_capacity_tokens", tier="int4")
         assert per_request and capacity is not None
         assert 0 < max(per_request) <= capacity
 
-        wait_until(lambda: value(read(url), "gateway_shadow_comparisons_total", tier="int4"), 180)
         for question in ("What is the capital of France?", "Name three primary colors."):
+            # The slot is free again (the comparisons before this one have ended).
+            wait_until(lambda: value(read(url), "gateway_shadow_in_flight") == 0.0, 180)
             before = compared_so_far(url)
             chat(url, question, 32)
             wait_until(lambda: compared_so_far(url) > before, 120)  # noqa: B023 (waited here)
         values = read(url)
         compared = value(values, "gateway_shadow_comparisons_total", tier="int4")
-        assert compared == 3.0
+        assert compared == (4.0 if hi_compared else 3.0)
         assert value(values, "gateway_shadow_agreement_count", tier="int4") == compared
         total = value(values, "gateway_shadow_agreement_sum", tier="int4")
         assert total is not None and 0.0 <= total <= compared  # each agreement is in [0, 1]
