@@ -2,7 +2,7 @@
 
     $(python3 -m model_optimizer.envs path gateway)/bin/python benchmarks/bench_classifier.py \\
         [--policy policies/routing.yaml] [--tokenizer PATH/tokenizer.json] [--runs 20000] \\
-        [--questions ../shared/data/vicuna_bench_questions.jsonl] [--patterns]
+        [--questions measure/data/vicuna_bench_questions.jsonl] [--patterns]
 
 (a) Time: ``classify`` on prompts of exactly --tokens tokens (default 1,000, counted with the
     default model's tokenizer) built from the shipped calibration texts: chat prose, code and
@@ -47,11 +47,12 @@ from gateway.classify import (  # noqa: E402
 )
 from gateway.limits import TokenCounter, TokenizerError, read_chat_template  # noqa: E402
 from gateway.policy import PolicyError, load_policy  # noqa: E402
+from measure.eval_data import VICUNA  # noqa: E402
 from model_optimizer.envs import cache_root  # noqa: E402
 
 CLASSES = (TOLERANT, CODE, MATH, LONG)
 EXPECTED = {"coding": CODE, "math": MATH}  # every other Vicuna category: tolerant
-DEFAULT_QUESTIONS = ROOT.parent / "shared" / "data" / "vicuna_bench_questions.jsonl"
+DEFAULT_QUESTIONS = VICUNA  # the copy the repo ships (measure/data, with its license)
 CALIBRATION = ROOT / "optimizer" / "data" / "calibration.jsonl"
 
 

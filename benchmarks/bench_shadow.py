@@ -7,7 +7,7 @@ measured through a gateway of its own over running tiers.
 
 It starts ``python -m gateway`` on a free loopback port with a copy of policies/routing.yaml
 where ``shadow.fraction`` is 1.0 and pinning is allowed, sends --requests greedy chat requests
-one at a time (the first questions of ../shared/data/vicuna_bench_questions.jsonl, alternately
+one at a time (the first questions of measure/data/vicuna_bench_questions.jsonl, alternately
 pinned to int4 and int8, --max-tokens each; each after the previous comparison ended, unless
 --overlap), waits for every comparison to end, and prints a
 Markdown table from the gateway's /metrics (sampled every 0.5 s meanwhile, so the largest KV
@@ -33,10 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from backends.process import free_port  # noqa: E402
+from measure.eval_data import VICUNA  # noqa: E402
 from model_optimizer.envs import cache_root  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
-QUESTIONS = ROOT.parent / "shared" / "data" / "vicuna_bench_questions.jsonl"
+QUESTIONS = VICUNA  # the copy the repo ships (measure/data, with its license)
 SHADOWED = ("int4", "int8")
 Seen = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
