@@ -85,6 +85,27 @@ class TierSpec(_Section):
         return value
 
 
+Category = Literal["chat", "code", "math"]
+
+
+def _default_floors() -> dict[Category, float]:
+    return {"chat": 0.5, "code": 0.5, "math": 0.5}
+
+
+class AdmissionSpec(_Section):
+    """The in-engine admission check after the tiers start (measure/admission.py): every tier
+    against ``reference`` on the shipped probes; a tier below a category's floor (mean
+    teacher-forced next-token agreement with the reference, 0..1) is not routed the classes
+    that need that category."""
+
+    enabled: bool = True
+    reference: TierName = "fp16"
+    max_tokens: PositiveInt = 32
+    floors: dict[Category, Annotated[float, Field(ge=0, le=1)]] = Field(
+        default_factory=_default_floors
+    )
+
+
 class DeploymentSpec(_Section):
     """The whole file: the public model name, where the variants are, and the tiers."""
 
@@ -94,6 +115,7 @@ class DeploymentSpec(_Section):
     start_timeout_s: Seconds = 300.0
     warmup_requests: NonNegativeInt = 2
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
+    admission: AdmissionSpec = Field(default_factory=AdmissionSpec)
     tiers: list[TierSpec] = Field(min_length=1)
     # Where the spec came from, so later checks can still name file and line.
     _source: str = PrivateAttr(default="<spec>")
@@ -110,6 +132,7 @@ class DeploymentSpec(_Section):
 _SECTIONS: dict[tuple[str, ...], type[BaseModel]] = {
     (): DeploymentSpec,
     ("restart",): RestartPolicy,
+    ("admission",): AdmissionSpec,
     ("tiers",): TierSpec,
 }
 

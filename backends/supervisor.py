@@ -152,6 +152,18 @@ class Supervisor:
             raise
         self.set_state(name, TierState.READY)
 
+    def replace(self, name: str, launch: TierLaunch) -> None:
+        """Serve tier ``name`` from ``launch`` instead (e.g. an emulated copy the admission check
+        asked for): stop its process, start the new one, healthy and warm (raises like
+        ``start_all``). The restart count is kept."""
+        with self._lock:
+            record = self.records[name]
+            record.process.stop()
+            self.set_state(name, TierState.DOWN, "replaced")
+            record.launch = launch
+            record.process = TierProcess(launch, record.process.python, record.process.log_path)
+        self._start_one(name)
+
     # -- supervision -------------------------------------------------------------------------
     def _watch(self, interval: float = 1.0) -> None:
         while not self._stop.wait(interval):

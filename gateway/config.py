@@ -25,6 +25,10 @@ class TierEndpoint(BaseModel):
     name: str = Field(min_length=1)
     base_url: str
     max_model_len: int = Field(default=2048, gt=0)  # prompt + completion tokens it accepts
+    # The request classes this tier may serve (the in-engine admission check's verdict, see
+    # measure/admission.py); None: every class. A route naming the tier skips it for others.
+    classes: list[str] | None = None
+    admission: str | None = None  # the verdict's one line, for /admin/tiers and route reasons
 
     @field_validator("base_url")
     @classmethod

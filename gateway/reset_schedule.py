@@ -49,6 +49,7 @@ class TierResetState:
     preemptions_at_last_reset: float
     ttft_p90_ms: float | None  # recent TTFT p90 (None: unknown)
     ttft_baseline_p90_ms: float | None
+    classes: frozenset[str] | None = None  # classes the admission check let it serve (None: all)
 
 
 @dataclass(frozen=True)
@@ -130,9 +131,16 @@ def last_ready_for_a_class(
         route = routes.for_class(cls)
         if route is None or tier not in route.tiers:
             continue
-        if not any(_state(states.get(other)) == READY for other in route.tiers if other != tier):
+        others = [states.get(other) for other in route.tiers if other != tier]
+        if not any(_state(o) == READY and _admits(o, cls) for o in others):
             return cls
     return None
+
+
+def _admits(value: str | _HasState | None, cls: str) -> bool:
+    """Whether the tier may serve ``cls`` (a plain state string admits every class)."""
+    classes = getattr(value, "classes", None)
+    return classes is None or cls in classes
 
 
 def _state(value: str | _HasState | None) -> str | None:

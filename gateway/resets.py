@@ -269,6 +269,7 @@ class ResetCoordinator:
                     preemptions_at_last_reset=last.preemptions if last else 0.0,
                     ttft_p90_ms=self.ttft.recent_p90_ms(name),
                     ttft_baseline_p90_ms=self.ttft.baseline_p90_ms(name),
+                    classes=status.classes,
                 )
             )
         return out

@@ -5,6 +5,7 @@
 route's order, and drops the ones that cannot take the request now:
 
 - not ``ready`` (starting, draining, resetting, down) or without a status at all;
+- not admitted for the request's class by the in-engine check (``TierStatus.classes``);
 - saturated: ``requests_waiting`` or ``kv_usage`` above the policy's ``saturation`` thresholds;
 - too short: ``input_tokens`` + the completion tokens that must fit exceed ``max_model_len``
   (the whole ``max_tokens`` when the policy rejects an oversized one, one token when it clamps,
@@ -51,6 +52,8 @@ class TierStatus:
     requests_waiting: float  # vllm:num_requests_waiting
     kv_usage: float  # vllm:kv_cache_usage_perc, 0..1
     max_model_len: int  # prompt + completion tokens the tier accepts
+    # Classes the in-engine admission check let this tier serve (None: every class).
+    classes: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,8 @@ def _unusable(
     needed = request.input_tokens + _output_reserve(request, policy)
     if needed > status.max_model_len:
         return f"too short: needs {needed} tokens > max_model_len {status.max_model_len}"
+    if status.classes is not None and request.cls not in status.classes:
+        return f"not admitted for {_ascii(request.cls)}"
     if status.state != READY:
         return _ascii(status.state)
     if saturation:

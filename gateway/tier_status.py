@@ -89,6 +89,7 @@ class TierBoard:
                 requests_waiting=metrics.requests_waiting if metrics else 0.0,
                 kv_usage=metrics.kv_cache_usage if metrics else 0.0,
                 max_model_len=tier.max_model_len,
+                classes=frozenset(tier.classes) if tier.classes is not None else None,
             )
         return out
 
@@ -103,6 +104,8 @@ class TierBoard:
                 "state": self.state(name),
                 "base_url": tier.base_url,
                 "max_model_len": tier.max_model_len,
+                "classes": tier.classes,
+                "admission": tier.admission,
                 "scraped_seconds_ago": round(now - scrape.at, 1) if scrape else None,
                 "scrape_error": scrape.error if scrape else None,
                 "requests_running": metrics.requests_running if metrics else None,

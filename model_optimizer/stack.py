@@ -26,7 +26,7 @@ from backends.platform import (
     serving_dtype,
 )
 from backends.process import check_port_free
-from backends.spec import load_spec, resolve_tiers
+from backends.spec import AdmissionSpec, load_spec, resolve_tiers
 from backends.supervisor import RestartPolicy, Supervisor
 from backends.vllm_args import LOOPBACK, TierLaunch
 from gateway.app import create_app
@@ -35,6 +35,19 @@ from gateway.policy_store import PolicyStore
 from model_optimizer.envs import ROOT, cache_root, env_python, has_nvidia_gpu
 from model_optimizer.models import AlreadyReported, ModelError
 from model_optimizer.optimize import installed_vllm, run_in_optimize_env, run_optimize
+from model_optimizer.serving_check import (
+    Admission,
+    admission_key,
+    admission_probes,
+    admit,
+    apply_cached_modes,
+    cache_file,
+    load_cached,
+    machine_identity,
+    print_admission,
+    save,
+    variant_digest,
+)
 
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_SPEC = ROOT / "policies" / "deploy" / "tiers.yaml"
@@ -128,9 +141,22 @@ def phase_launches(opts: UpOptions, name: str, variants: Path) -> list[TierLaunc
     return launches
 
 
+def emulated_copy(launch: TierLaunch, variants: Path) -> TierLaunch:
+    """``launch`` served from its variant's dequantized copy (built once, beside the variants
+    folder: that one holds only the optimizer's output)."""
+    copy = variants.with_name(f"{variants.name}.emulated") / launch.name
+    code = run_in_optimize_env(
+        ["emulate", "--variant", str(launch.model_dir), "--output", str(copy)]
+    )
+    if code != 0:
+        raise AlreadyReported(code)
+    return dataclasses.replace(launch, model_dir=copy)
+
+
 def phase_emulation(launches: list[TierLaunch], variants: Path, device: str) -> list[TierLaunch]:
-    """Tiers whose format has no usable kernel here serve a dequantized copy (said out loud);
-    every tier gets the ``--dtype`` this machine needs (backends/platform.py says why)."""
+    """Tiers whose format has no kernel here serve a dequantized copy (said out loud); every
+    tier gets the ``--dtype`` this machine needs (backends/platform.py says why). These are
+    priors: the admission check (model_optimizer/serving_check.py) measures what they missed."""
     flags = machine_flags()
     native = native_precisions(device, flags)
     dtype = serving_dtype(device, flags)
@@ -142,20 +168,42 @@ def phase_emulation(launches: list[TierLaunch], variants: Path, device: str) -> 
         if launch.name in native:
             out.append(launch)
             continue
-        # Beside the variants folder, not in it: that one holds only the optimizer's output.
-        copy = variants.with_name(f"{variants.name}.emulated") / launch.name
+        copy = emulated_copy(launch, variants)
         _say(
             f"tier {launch.name}: {emulation_reason(launch.name, flags)}; serving it emulated "
-            f"from {copy} (weights on the {launch.name} grid, dequantized: the same weights, "
-            "no memory saving)"
+            f"from {copy.model_dir} (weights on the {launch.name} grid, dequantized: the same "
+            "weights, no memory saving)"
         )
-        code = run_in_optimize_env(
-            ["emulate", "--variant", str(launch.model_dir), "--output", str(copy)]
-        )
-        if code != 0:
-            raise AlreadyReported(code)
-        out.append(dataclasses.replace(launch, model_dir=copy))
+        out.append(copy)
     return out
+
+
+def phase_admission(
+    launches: list[TierLaunch],
+    variants: Path,
+    spec: AdmissionSpec,
+    supervisor: Supervisor,
+    key: str,
+    cached: Admission | None,
+) -> tuple[list[TierLaunch], Admission | None]:
+    """The in-engine check of the running tiers (cached per machine, engine and variants)."""
+    if not spec.enabled or len(launches) < 2:
+        return launches, None
+    if cached is not None:
+        _say(f"admission: cached verdicts ({cache_file(key)})")
+        print_admission(cached)
+        return launches, cached
+
+    def emulate(launch: TierLaunch) -> TierLaunch:
+        return emulated_copy(launch, variants)
+
+    def restart(launch: TierLaunch) -> None:
+        supervisor.replace(launch.name, launch)
+
+    launches, admission = admit(launches, spec, admission_probes(), emulate, restart, _say)
+    save(key, admission)
+    print_admission(admission)
+    return launches, admission
 
 
 def _tick(name: str, elapsed: float) -> None:
@@ -167,12 +215,19 @@ def spec_tiers(spec: Path) -> list[str]:
     return [tier.name for tier in load_spec(spec).tiers]
 
 
-def gateway_config(opts: UpOptions, name: str, launches: list[TierLaunch]) -> GatewayConfig:
+def gateway_config(
+    opts: UpOptions, name: str, launches: list[TierLaunch], admission: Admission | None = None
+) -> GatewayConfig:
     """The gateway in front of ``launches``: the policy, the fp16 variant's tokenizer (all
     variants share it), each tier's max_model_len, Redis, and keys from the environment."""
+    verdicts = admission.verdicts if admission else {}
     tiers = [
         TierEndpoint(
-            name=t.name, base_url=f"http://{t.host}:{t.port}", max_model_len=t.max_model_len
+            name=t.name,
+            base_url=f"http://{t.host}:{t.port}",
+            max_model_len=t.max_model_len,
+            classes=list(verdicts[t.name].admitted_classes()) if t.name in verdicts else None,
+            admission=verdicts[t.name].summary() if t.name in verdicts else None,
         )
         for t in launches
     ]
@@ -200,6 +255,17 @@ def run_up(opts: UpOptions) -> int:
     # A bad policy (or one naming tiers the spec does not have) stops us before any tier runs.
     PolicyStore(opts.policy, spec_tiers(opts.spec)).load()
     spec = load_spec(opts.spec)
+    digests = {t.name: variant_digest(variants / t.name) for t in launches}
+    key = admission_key(
+        launches,
+        digests,
+        installed_vllm(),
+        machine_identity(device),
+        spec.admission,
+        admission_probes(),
+    )
+    cached = load_cached(key) if spec.admission.enabled else None
+    launches = apply_cached_modes(launches, cached, lambda t: emulated_copy(t, variants))
     supervisor = Supervisor(
         launches,
         env_python("serve"),
@@ -214,7 +280,10 @@ def run_up(opts: UpOptions) -> int:
         print(file=sys.stderr)
         for launch in launches:
             _say(f"tier {launch.name} ready on http://{launch.host}:{launch.port}")
-        config = gateway_config(opts, name, launches)
+        launches, admission = phase_admission(
+            launches, variants, spec.admission, supervisor, key, cached
+        )
+        config = gateway_config(opts, name, launches, admission)
         app = create_app(
             config,
             tier_states=lambda: {k: v.value for k, v in supervisor.states().items()},

@@ -38,6 +38,7 @@ def _admin(key: str = ADMIN_KEY) -> dict[str, str]:
 
 def test_each_tier_resets_under_load_without_a_failed_request(stack: Stack) -> None:
     results: list[int] = []
+    refusals: list[str] = []  # the body of each answer that is not a 200: it says why
     stop = threading.Event()
 
     def load(worker: int) -> None:
@@ -53,6 +54,8 @@ def test_each_tier_resets_under_load_without_a_failed_request(stack: Stack) -> N
                 try:
                     answer = client.post(f"{stack.gateway_url}/v1/chat/completions", json=body)
                     results.append(answer.status_code)
+                    if answer.status_code != 200:
+                        refusals.append(f"{answer.status_code} {answer.text[:300]}")
                 except httpx.HTTPError:
                     results.append(-1)
 
@@ -69,7 +72,7 @@ def test_each_tier_resets_under_load_without_a_failed_request(stack: Stack) -> N
     for record in records:
         # "ok" means the reset primitive's probe saw the prefix cache empty afterwards.
         assert record["outcome"] == "ok", record
-    assert results and all(status == 200 for status in results), sorted(set(results))
+    assert results and all(status == 200 for status in results), (sorted(set(results)), refusals)
     metrics = httpx.get(f"{stack.gateway_url}/metrics", timeout=10).text
     assert 'gateway_kv_resets_total{outcome="ok",tier="int8"}' in metrics
 

@@ -463,3 +463,18 @@ def test_force_keeps_the_safety_rules(
     states: list[TierResetState], force: str, reason: str
 ) -> None:
     assert decide(states, force=force) == ResetDecision(None, reason)
+
+
+def test_a_tier_not_admitted_for_a_class_does_not_keep_it_served() -> None:
+    """int8 kept out of code by the admission check: fp16 is code's last tier, so it stays."""
+    routes = policy().routes
+    statuses = {
+        "fp16": TierStatus("fp16", "ready", 0.0, 0.0, 4096),
+        "int8": TierStatus("int8", "ready", 0.0, 0.0, 4096, frozenset({"tolerant"})),
+        "int4": TierStatus("int4", "ready", 0.0, 0.0, 4096),
+    }
+    assert last_ready_for_a_class("fp16", statuses, routes) == "code"
+    admitted = statuses | {
+        "int8": TierStatus("int8", "ready", 0.0, 0.0, 4096, frozenset({"code", "math"}))
+    }
+    assert last_ready_for_a_class("fp16", admitted, routes) is None

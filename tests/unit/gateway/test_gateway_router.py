@@ -213,3 +213,21 @@ def test_reasons_are_ascii() -> None:
     decision = _route("tolerant", policy=_policy(PINNABLE), pinned="fp16\u2192")
     assert decision.reason.isascii()
     assert decision.error == UNKNOWN_TIER
+
+
+def test_a_tier_not_admitted_for_the_class_is_skipped_with_the_reason() -> None:
+    statuses = tier_statuses(int8={"classes": frozenset({"tolerant"})})
+    decision = _route("code", statuses)
+    assert decision.chain == ["fp16"]
+    assert decision.skipped == {"int8": "not admitted for code"}
+    assert "int8 (not admitted for code)" in decision.reason
+    assert _route("tolerant", statuses).chain == ["int4", "int8", "fp16"]
+
+
+def test_a_class_whose_every_tier_is_not_admitted_has_no_tier() -> None:
+    statuses = tier_statuses(
+        fp16={"classes": frozenset({"tolerant"})}, int8={"classes": frozenset()}
+    )
+    decision = _route("math", statuses)
+    assert decision.chain == []
+    assert decision.error == NO_TIER_AVAILABLE

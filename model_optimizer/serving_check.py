@@ -1,0 +1,223 @@
+"""``up``'s admission phase: serve only what was measured to work in the engine, here.
+
+After the tiers start, every tier is compared with the reference tier through vLLM itself
+(measure/admission_run.py). A quantized tier that fails while running its own kernels is
+restarted from its emulated copy (the same weights dequantized: the engine's float path) and
+measured again; a tier that still fails a category is not routed the classes that need it.
+The reference failing its factual probes stops ``up``: nothing can be judged against it.
+
+Verdicts are cached under ``<cache>/admission/<key>.json``, the key hashing what decides them
+(each variant's digest, the engine version, the CPU model and flags or the GPU, the serving
+dtype, the probes, the floors): a second ``up`` on the same machine starts each tier the way
+that passed and measures nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from backends.platform import CPUINFO
+from backends.spec import AdmissionSpec
+from backends.vllm_args import TierLaunch
+from measure.admission import (
+    AdmissionError,
+    AdmissionProbe,
+    TierVerdict,
+    load_facts,
+    verdict_from_json,
+    verdict_to_json,
+)
+from measure.admission_run import CheckOptions, CheckResult, run_check
+from model_optimizer.envs import cache_root
+from model_optimizer.models import ModelError
+from optimizer.probes import load_probes
+
+VERSION = "1"  # bump when the check's procedure changes
+EMULABLE = ("int8", "int4")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The outcome: each checked tier's verdict (the reference has none), by tier name."""
+
+    reference: str
+    verdicts: dict[str, TierVerdict]
+
+    def admitted_classes(self) -> dict[str, list[str]]:
+        """Tier → the classes it may serve (tiers not listed serve every class)."""
+        return {name: list(v.admitted_classes()) for name, v in self.verdicts.items()}
+
+    def modes(self) -> dict[str, str]:
+        return {name: v.mode for name, v in self.verdicts.items()}
+
+    def lines(self) -> list[str]:
+        return [v.summary() for v in self.verdicts.values()]
+
+
+def admission_probes() -> list[AdmissionProbe]:
+    """The precision check's held-aside probes (chat, code, math) and the factual probes."""
+    held_aside = [AdmissionProbe(p.category, p.text) for p in load_probes()]
+    return [*held_aside, *load_facts()]
+
+
+def machine_identity(device: str) -> str:
+    """What the engine's kernels depend on: the CPU model and flags (or the GPU's name)."""
+    if device != "cpu":
+        return f"{device}:{os.environ.get('CUDA_VISIBLE_DEVICES', '')}"
+    try:
+        text = CPUINFO.read_text()
+    except OSError:
+        return "cpu:unknown"
+    keep = [
+        line.split(":", 1)[1].strip()
+        for line in text.splitlines()
+        if line.split(":", 1)[0].strip() in ("model name", "flags")
+    ][:2]
+    return "cpu:" + " | ".join(keep)
+
+
+def admission_key(
+    launches: Sequence[TierLaunch],
+    digests: Mapping[str, str],
+    engine: str,
+    machine: str,
+    spec: AdmissionSpec,
+    probes: Sequence[AdmissionProbe],
+) -> str:
+    """A hash of everything that decides the verdicts (see the module docstring)."""
+    material = {
+        "version": VERSION,
+        "tiers": {t.name: [digests.get(t.name, ""), t.dtype or "", t.device] for t in launches},
+        "engine": engine,
+        "machine": machine,
+        "spec": spec.model_dump(mode="json"),
+        "probes": [dataclasses.astuple(p) for p in probes],
+    }
+    blob = json.dumps(material, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def variant_digest(folder: Path) -> str:
+    """The optimizer's digest of a variant (metadata.json ``input_key.digest``)."""
+    try:
+        meta = json.loads((folder / "metadata.json").read_text())
+        return str(meta["input_key"]["digest"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def cache_file(key: str) -> Path:
+    return cache_root() / "admission" / f"{key}.json"
+
+
+def load_cached(key: str) -> Admission | None:
+    try:
+        data = json.loads(cache_file(key).read_text())
+        return Admission(
+            str(data["reference"]),
+            {name: verdict_from_json(v) for name, v in data["verdicts"].items()},
+        )
+    except (OSError, ValueError, KeyError, TypeError, AdmissionError):
+        return None
+
+
+def save(key: str, admission: Admission) -> None:
+    """Written whole (a temporary file renamed), so a crash leaves no half verdict."""
+    path = cache_file(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {
+        "reference": admission.reference,
+        "verdicts": {name: verdict_to_json(v) for name, v in admission.verdicts.items()},
+    }
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+Emulate = Callable[[TierLaunch], TierLaunch]  # the tier's emulated copy (built if need be)
+Restart = Callable[[TierLaunch], None]  # serve the tier from this launch instead
+
+
+def apply_cached_modes(
+    launches: Sequence[TierLaunch], cached: Admission | None, emulate: Emulate
+) -> list[TierLaunch]:
+    """Tiers the cached verdicts served emulated start emulated at once."""
+    if cached is None:
+        return list(launches)
+    modes = cached.modes()
+    return [
+        emulate(t) if modes.get(t.name) == "emulated" and not is_emulated(t) else t
+        for t in launches
+    ]
+
+
+def is_emulated(launch: TierLaunch) -> bool:
+    return launch.model_dir.parent.name.endswith(".emulated")
+
+
+def check(
+    launches: Sequence[TierLaunch], spec: AdmissionSpec, probes: Sequence[AdmissionProbe]
+) -> CheckResult:
+    """One admission run over the running tiers."""
+    tiers = {t.name: f"http://{t.host}:{t.port}" for t in launches}
+    modes = {t.name: "emulated" if is_emulated(t) else "native" for t in launches}
+    opts = CheckOptions(
+        tiers=tiers,
+        reference=spec.reference,
+        floors={str(k): v for k, v in spec.floors.items()},
+        max_tokens=spec.max_tokens,
+        modes=modes,
+    )
+    return run_check(opts, probes)
+
+
+def admit(
+    launches: list[TierLaunch],
+    spec: AdmissionSpec,
+    probes: Sequence[AdmissionProbe],
+    emulate: Emulate,
+    restart: Restart,
+    say: Callable[[str], None],
+) -> tuple[list[TierLaunch], Admission]:
+    """Check the running tiers; re-serve a failing quantized tier emulated and check it again."""
+    names = [t.name for t in launches]
+    if spec.reference not in names:
+        raise ModelError(f"admission.reference {spec.reference} is not among the tiers started")
+    say(f"checking {len(names) - 1} tier(s) against {spec.reference} in the engine ...")
+    result = check(launches, spec, probes)
+    if result.reference_problems:
+        raise ModelError(
+            f"the reference tier {spec.reference} answers wrong in this engine: "
+            f"{result.reference_problems[0]}"
+        )
+    verdicts = dict(result.verdicts)
+    out = list(launches)
+    for i, launch in enumerate(out):
+        verdict = verdicts.get(launch.name)
+        if verdict is None or verdict.passed:
+            continue
+        if launch.name not in EMULABLE or is_emulated(launch):
+            continue
+        say(f"{verdict.summary()}; serving it emulated and checking again")
+        copy = emulate(launch)
+        restart(copy)
+        pair = [t for t in out if t.name == spec.reference] + [copy]
+        again = check(pair, spec, probes).verdicts[launch.name]
+        if len(again.passed_categories) >= len(verdict.passed_categories):
+            out[i], verdicts[launch.name] = copy, again
+        else:  # the engine's own kernels did better: back to them
+            say(f"{again.summary()}; back to the native kernels")
+            restart(launch)
+    return out, Admission(spec.reference, verdicts)
+
+
+def print_admission(admission: Admission) -> None:
+    for line in admission.lines():
+        print(f"up: {line}", file=sys.stderr, flush=True)
