@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import math
 import statistics
 import sys
 import threading
@@ -34,6 +35,7 @@ from backends.platform import machine_flags, native_precisions, serving_dtype  #
 from backends.process import free_port  # noqa: E402
 from backends.spec import load_spec, resolve_tiers  # noqa: E402
 from backends.supervisor import Supervisor  # noqa: E402
+from measure.serving_stats import percentile  # noqa: E402
 from model_optimizer.envs import cache_root, env_python  # noqa: E402
 from model_optimizer.optimize import installed_vllm  # noqa: E402
 from model_optimizer.stack import DEFAULT_SERVED_NAME, DEFAULT_SPEC, warm_up  # noqa: E402
@@ -106,13 +108,6 @@ async def level(url: str, concurrency: int, total: int, prompt: str, out: int) -
     return samples
 
 
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def tree_rss(pid: int) -> float:
     try:
         root = psutil.Process(pid)
@@ -149,10 +144,10 @@ def measure(tier: str, url: str, pid: int, args: argparse.Namespace) -> list[Row
                 concurrency=conc,
                 requests=len(samples),
                 failures=total - len(good),
-                ttft_p50_ms=pct([s.ttft for s in good], 0.5) * 1000,
-                ttft_p90_ms=pct([s.ttft for s in good], 0.9) * 1000,
-                tpot_p50_ms=pct(tpots, 0.5) * 1000,
-                tpot_p90_ms=pct(tpots, 0.9) * 1000,
+                ttft_p50_ms=percentile([s.ttft for s in good], 50, empty=math.nan) * 1000,
+                ttft_p90_ms=percentile([s.ttft for s in good], 90, empty=math.nan) * 1000,
+                tpot_p50_ms=percentile(tpots, 50, empty=math.nan) * 1000,
+                tpot_p90_ms=percentile(tpots, 90, empty=math.nan) * 1000,
                 e2e_p50_s=statistics.median(s.e2e for s in good) if good else float("nan"),
                 output_tok_s=sum(s.tokens for s in good) / wall,
                 peak_rss_mb=peak[0],
