@@ -26,13 +26,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
-import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backends.platform import machine_flags, native_precisions, serving_dtype  # noqa: E402
 from backends.process import free_port  # noqa: E402
+from backends.process_tree import tree_rss_bytes  # noqa: E402
 from backends.spec import load_spec, resolve_tiers  # noqa: E402
 from backends.supervisor import Supervisor  # noqa: E402
 from measure.serving_stats import percentile  # noqa: E402
@@ -108,15 +108,6 @@ async def level(url: str, concurrency: int, total: int, prompt: str, out: int) -
     return samples
 
 
-def tree_rss(pid: int) -> float:
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-        return sum(p.memory_info().rss for p in procs) / 1e6
-    except psutil.Error:
-        return 0.0
-
-
 def measure(tier: str, url: str, pid: int, args: argparse.Namespace) -> list[Row]:
     rows = []
     prompt = prompt_of(args.input_tokens)
@@ -126,7 +117,7 @@ def measure(tier: str, url: str, pid: int, args: argparse.Namespace) -> list[Row
 
         def sample_rss(peak: list[float] = peak, done: threading.Event = done) -> None:
             while not done.wait(0.2):
-                peak[0] = max(peak[0], tree_rss(pid))
+                peak[0] = max(peak[0], (tree_rss_bytes(pid) or 0) / 1e6)
 
         sampler = threading.Thread(target=sample_rss, daemon=True)
         sampler.start()
