@@ -35,6 +35,7 @@ from gateway.policy_store import PolicyStore
 from model_optimizer.envs import ROOT, cache_root, env_python, has_nvidia_gpu
 from model_optimizer.models import AlreadyReported, ModelError
 from model_optimizer.optimize import installed_vllm, run_in_optimize_env, run_optimize
+from model_optimizer.progress import TierStarts
 
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_SPEC = ROOT / "policies" / "deploy" / "tiers.yaml"
@@ -158,10 +159,6 @@ def phase_emulation(launches: list[TierLaunch], variants: Path, device: str) -> 
     return out
 
 
-def _tick(name: str, elapsed: float) -> None:
-    print(f"\rup: tier {name} starting ... {elapsed:4.0f}s", end="", file=sys.stderr)
-
-
 def spec_tiers(spec: Path) -> list[str]:
     """Every tier the deployment spec declares (a policy may name them all)."""
     return [tier.name for tier in load_spec(spec).tiers]
@@ -210,8 +207,8 @@ def run_up(opts: UpOptions) -> int:
     )
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     try:
-        supervisor.start_all(on_tick=_tick)
-        print(file=sys.stderr)
+        with TierStarts(sys.stderr, total=len(launches)) as starts:
+            supervisor.start_all(on_tick=starts.tick)
         for launch in launches:
             _say(f"tier {launch.name} ready on http://{launch.host}:{launch.port}")
         config = gateway_config(opts, name, launches)
