@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import timeit
 from collections import Counter
@@ -48,6 +47,7 @@ from gateway.classify import (  # noqa: E402
 from gateway.limits import TokenCounter, TokenizerError, read_chat_template  # noqa: E402
 from gateway.policy import PolicyError, load_policy  # noqa: E402
 from measure.eval_data import VICUNA  # noqa: E402
+from measure.serving_stats import percentile  # noqa: E402
 from model_optimizer.envs import cache_root  # noqa: E402
 
 CLASSES = (TOLERANT, CODE, MATH, LONG)
@@ -82,16 +82,11 @@ def prompts(counter: TokenCounter, tokens: int) -> dict[str, str]:
     return out
 
 
-def percentiles(samples: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples)
-    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-
-
 def time_calls(call: object, runs: int) -> tuple[float, float]:
     timer = timeit.Timer(call)  # type: ignore[arg-type]
     timer.repeat(repeat=max(runs // 20, 50), number=1)  # warm-up
     samples = [s * 1e6 for s in timer.repeat(repeat=runs, number=1)]
-    return percentiles(samples)
+    return percentile(samples, 50), percentile(samples, 99)
 
 
 def bench_time(

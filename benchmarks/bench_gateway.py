@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import os
 import secrets
 import shutil
@@ -60,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 
 from backends.process import free_port  # noqa: E402
 from gateway.policy import load_policy  # noqa: E402
+from measure.serving_stats import percentile  # noqa: E402
 from model_optimizer.envs import cache_root  # noqa: E402
 from model_optimizer.stack import DEFAULT_SERVED_NAME  # noqa: E402
 
@@ -617,18 +619,9 @@ async def open_step(target: Target, rate: int, args: argparse.Namespace) -> Step
     duration = max(args.step_seconds, (max(ends) - t0) if ends else args.step_seconds)
     achieved = len(latencies) / duration
     ms = [x * 1000 for x in latencies]
-    p99 = pct(ms, 0.99)
+    p50, p99 = percentile(ms, 50, empty=math.nan), percentile(ms, 99, empty=math.nan)
     held = len(latencies) == count and achieved >= HELD_SHARE * rate and p99 <= args.p99_bound_ms
-    return Step(
-        target.name, rate, count, len(latencies), achieved, pct(ms, 0.5), p99, held, dict(errors)
-    )
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+    return Step(target.name, rate, count, len(latencies), achieved, p50, p99, held, dict(errors))
 
 
 def rotated(items: list[Target], by: int) -> list[Target]:
@@ -652,9 +645,11 @@ async def run_load(
                 batch = await closed_batch(target, mode, rnd, args)
                 batches.append(batch)
                 rate = (batch.requests - batch.failures) / batch.wall_s
+                p50 = percentile(batch.first_ms, 50, empty=math.nan)
+                p99 = percentile(batch.first_ms, 99, empty=math.nan)
                 say(
                     f"round {rnd + 1}/{args.rounds} {mode:6} {target.name:18} "
-                    f"p50 {pct(batch.first_ms, 0.5):6.2f} ms  p99 {pct(batch.first_ms, 0.99):6.2f}"
+                    f"p50 {p50:6.2f} ms  p99 {p99:6.2f}"
                     f" ms  {rate:6.0f} req/s  fail {batch.failures}"
                 )
     steps: list[Step] = []
@@ -698,13 +693,15 @@ def summarize(
                 "target": target.name,
                 "requests": requests,
                 "failures": failures,
-                "p50_ms": pct(first, 0.5),
-                "p99_ms": pct(first, 0.99),
+                "p50_ms": percentile(first, 50, empty=math.nan),
+                "p99_ms": percentile(first, 99, empty=math.nan),
                 "mean_ms": statistics.fmean(first) if first else float("nan"),
-                "total_p50_ms": pct(total, 0.5),
+                "total_p50_ms": percentile(total, 50, empty=math.nan),
                 "req_s": (requests - failures) / sum(b.wall_s for b in mine),
                 "cpu_ms_per_req": 1000 * sum(b.cpu_s for b in mine) / requests,
-                "round_p50_ms": [round(pct(b.first_ms, 0.5), 3) for b in mine],
+                "round_p50_ms": [
+                    round(percentile(b.first_ms, 50, empty=math.nan), 3) for b in mine
+                ],
                 "max_held_rate": max(held) if held else None,
                 "held_top_rate": bool(held) and max(held) == max(rates, default=0),
                 "errors": dict(sum((Counter(b.errors) for b in mine), Counter())),

@@ -16,6 +16,7 @@ up) and "outside" otherwise. Markdown on stdout, progress on stderr.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import statistics
@@ -32,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from backends.process import free_port  # noqa: E402
+from measure.serving_stats import percentile  # noqa: E402
 from model_optimizer.soak import ResetNotDone, reset_now  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -95,13 +97,6 @@ def load(url: str, worker: int, stop: threading.Event, out: list[Sample]) -> Non
             out.append(Sample(start, time.time(), status))
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def report(samples: list[Sample], records: list[dict[str, object]]) -> str:
     spans = [
         (float(str(r["started_at"])), float(str(r["started_at"])) + float(str(r["seconds"])))
@@ -127,10 +122,8 @@ def report(samples: list[Sample], records: list[dict[str, object]]) -> str:
     ]
     for name, values in (("outside resets", outside), ("during a reset", inside)):
         mean = statistics.fmean(values) if values else float("nan")
-        lines.append(
-            f"| {name} | {len(values)} | {percentile(values, 0.5):.0f} | "
-            f"{percentile(values, 0.9):.0f} | {percentile(values, 0.99):.0f} | {mean:.0f} |"
-        )
+        p50, p90, p99 = (percentile(values, p, empty=math.nan) for p in (50, 90, 99))
+        lines.append(f"| {name} | {len(values)} | {p50:.0f} | {p90:.0f} | {p99:.0f} | {mean:.0f} |")
     lines.append(f"\nfailed requests: {failed} of {len(samples)}")
     return "\n".join(lines)
 

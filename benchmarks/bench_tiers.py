@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import math
 import statistics
 import sys
 import threading
@@ -25,15 +26,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
-import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backends.platform import machine_flags, native_precisions, serving_dtype  # noqa: E402
 from backends.process import free_port  # noqa: E402
+from backends.process_tree import tree_rss_bytes  # noqa: E402
 from backends.spec import load_spec, resolve_tiers  # noqa: E402
 from backends.supervisor import Supervisor  # noqa: E402
+from measure.serving_stats import percentile  # noqa: E402
 from model_optimizer.envs import cache_root, env_python  # noqa: E402
 from model_optimizer.optimize import installed_vllm  # noqa: E402
 from model_optimizer.stack import DEFAULT_SERVED_NAME, DEFAULT_SPEC, warm_up  # noqa: E402
@@ -106,22 +108,6 @@ async def level(url: str, concurrency: int, total: int, prompt: str, out: int) -
     return samples
 
 
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def tree_rss(pid: int) -> float:
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-        return sum(p.memory_info().rss for p in procs) / 1e6
-    except psutil.Error:
-        return 0.0
-
-
 def measure(tier: str, url: str, pid: int, args: argparse.Namespace) -> list[Row]:
     rows = []
     prompt = prompt_of(args.input_tokens)
@@ -131,7 +117,7 @@ def measure(tier: str, url: str, pid: int, args: argparse.Namespace) -> list[Row
 
         def sample_rss(peak: list[float] = peak, done: threading.Event = done) -> None:
             while not done.wait(0.2):
-                peak[0] = max(peak[0], tree_rss(pid))
+                peak[0] = max(peak[0], (tree_rss_bytes(pid) or 0) / 1e6)
 
         sampler = threading.Thread(target=sample_rss, daemon=True)
         sampler.start()
@@ -149,10 +135,10 @@ def measure(tier: str, url: str, pid: int, args: argparse.Namespace) -> list[Row
                 concurrency=conc,
                 requests=len(samples),
                 failures=total - len(good),
-                ttft_p50_ms=pct([s.ttft for s in good], 0.5) * 1000,
-                ttft_p90_ms=pct([s.ttft for s in good], 0.9) * 1000,
-                tpot_p50_ms=pct(tpots, 0.5) * 1000,
-                tpot_p90_ms=pct(tpots, 0.9) * 1000,
+                ttft_p50_ms=percentile([s.ttft for s in good], 50, empty=math.nan) * 1000,
+                ttft_p90_ms=percentile([s.ttft for s in good], 90, empty=math.nan) * 1000,
+                tpot_p50_ms=percentile(tpots, 50, empty=math.nan) * 1000,
+                tpot_p90_ms=percentile(tpots, 90, empty=math.nan) * 1000,
                 e2e_p50_s=statistics.median(s.e2e for s in good) if good else float("nan"),
                 output_tok_s=sum(s.tokens for s in good) / wall,
                 peak_rss_mb=peak[0],

@@ -4,7 +4,9 @@ A tier's root process comes from whoever started it: ``model-optimizer up`` pass
 supervisor's PIDs (``tier_pids``). A gateway started on its own finds a loopback tier's process
 by the TCP port it listens on (psutil); a remote tier's memory is not known here. The tree's
 RSS (root and every descendant: vLLM's API server and its engine core) is read in a worker
-thread once per scrape; the definitions are in gateway/tier_signals.py.
+thread once per scrape, by backends/process_tree.py (shared with ``measure`` and the benchmark
+scripts, so the gateway does not import the measuring package); the definitions are in
+gateway/tier_signals.py.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import anyio.to_thread
-import psutil
 
+from backends.process_tree import listening_pid, tree_rss_bytes
 from gateway.config import TierEndpoint
 from gateway.tier_signals import MemorySample, PeakMemory
 
@@ -25,33 +27,10 @@ TierPids = Callable[[], Mapping[str, int]]
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
-def tree_rss(pid: int) -> MemorySample | None:
-    """Total RSS of ``pid`` and its descendants; ``None`` if ``pid`` is gone or unreadable."""
-    try:
-        root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
-        total = root.memory_info().rss
-    except psutil.Error:
-        return None
-    for process in processes[1:]:
-        try:
-            total += process.memory_info().rss
-        except psutil.Error:  # exited between the listing and the read
-            continue
-    return MemorySample(pid, total)
-
-
-def listening_pid(port: int) -> int | None:
-    """The process listening on TCP ``port`` of this host, if it can be seen."""
-    try:
-        connections = psutil.net_connections(kind="tcp")
-    except (psutil.Error, OSError):
-        return None
-    for conn in connections:
-        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
-            pid: int | None = conn.pid
-            return pid
-    return None
+def tree_sample(pid: int) -> MemorySample | None:
+    """The RSS of ``pid``'s process tree as a sample; ``None`` if ``pid`` is gone or unreadable."""
+    total = tree_rss_bytes(pid)
+    return None if total is None else MemorySample(pid, total)
 
 
 def loopback_port(tier: TierEndpoint) -> int | None:
@@ -94,13 +73,13 @@ class TierMemory:
         out: dict[str, MemorySample] = {}
         for name, port in self._ports.items():
             pid = pids.get(name) or self._found.get(name)
-            sample = tree_rss(pid) if pid else None
+            sample = tree_sample(pid) if pid else None
             if sample is None and name not in pids and port is not None:
                 self._found.pop(name, None)
                 found = listening_pid(port)
                 if found:
                     self._found[name] = found
-                    sample = tree_rss(found)
+                    sample = tree_sample(found)
             if sample is not None:
                 out[name] = sample
         return out

@@ -5,7 +5,8 @@ under it (engine core, workers). For a tier URL it is the process listening on t
 gateway URL, the vLLM servers started under the gateway's process (``model-optimizer up``);
 a gateway run without its own tiers (``python -m gateway``) has none to sample.
 
-RSS is summed over the tree, sampled every ``interval`` seconds in a thread. GPU memory comes
+RSS is summed over the tree (backends/process_tree.py, the one implementation the gateway and
+the benchmark scripts use too), sampled every ``interval`` seconds in a thread. GPU memory comes
 from NVML when the ``pynvml`` module imports and a GPU answers (per process, summed over the
 tree); otherwise it is ``None``: there is no GPU figure on a CPU host, not a zero one.
 """
@@ -21,6 +22,8 @@ from types import ModuleType, TracebackType
 from typing import Any
 
 import psutil
+
+from backends.process_tree import tree_pids, tree_rss_bytes
 
 VLLM_SERVER = "vllm.entrypoints.openai.api_server"
 
@@ -56,18 +59,6 @@ def vllm_server(cmdline: list[str]) -> tuple[str, int] | None:
     return name, port
 
 
-def listener_pid(port: int) -> int | None:
-    """The process listening on TCP ``port`` (any local address), if this user may see it."""
-    try:
-        connections = psutil.net_connections(kind="tcp")
-    except psutil.Error:
-        return None
-    for conn in connections:
-        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
-            return int(conn.pid) if conn.pid is not None else None
-    return None
-
-
 def backends_of(pid: int) -> list[Backend]:
     """``pid`` itself when it is a vLLM server, else the vLLM servers among its descendants."""
     try:
@@ -84,22 +75,6 @@ def backends_of(pid: int) -> list[Backend]:
                 if proc.pid == pid:
                     break
     return sorted(found, key=lambda b: b.port)
-
-
-def tree_pids(pid: int) -> list[int]:
-    try:
-        root = psutil.Process(pid)
-        return [pid, *(child.pid for child in root.children(recursive=True))]
-    except psutil.Error:
-        return []
-
-
-def tree_rss_bytes(pid: int) -> int:
-    total = 0
-    for one in tree_pids(pid):
-        with contextlib.suppress(psutil.Error):
-            total += psutil.Process(one).memory_info().rss
-    return total
 
 
 def _nvml() -> ModuleType | None:
@@ -160,7 +135,7 @@ class PeakSampler:
 
     def _sample(self) -> None:
         for backend in self.backends:
-            rss = tree_rss_bytes(backend.pid)
+            rss = tree_rss_bytes(backend.pid) or 0  # gone: no sample
             self._rss[backend.pid] = max(self._rss.get(backend.pid, 0), rss)
             if self._nvml is not None:
                 with contextlib.suppress(Exception):

@@ -10,6 +10,9 @@ be set beside one of ``vllm bench serve --save-result``:
 - throughputs divide by the run's wall-clock ``duration``.
 - percentiles interpolate linearly between closest ranks (numpy's default method).
 
+``percentile`` is the project's one percentile: the benchmark scripts under benchmarks/ use it
+too, so a p99 means the same thing in every table.
+
 One difference on purpose: vLLM reports 0 ms for a latency with no samples (``np.mean(x or 0)``);
 here it is ``None`` (JSON null), so an all-failed run cannot read as infinitely fast.
 """
@@ -85,9 +88,14 @@ class ServingStats:
     errors: list[str] = field(default_factory=list)
 
 
-def percentile(values: Sequence[float], p: float) -> float:
-    """The ``p``-th percentile (0-100) with linear interpolation, as ``numpy.percentile``."""
+def percentile(values: Sequence[float], p: float, *, empty: float | None = None) -> float:
+    """The ``p``-th percentile (0-100) with linear interpolation, as ``numpy.percentile``.
+
+    No values: ``empty`` when given (the benchmark scripts pass NaN), else ``ValueError``.
+    """
     if not values:
+        if empty is not None:
+            return empty
         raise ValueError("percentile of no values")
     if not 0 <= p <= 100:
         raise ValueError(f"percentile must be within 0..100, not {p}")

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from measure.memory import Backend, backends_of, listener_pid
+from backends.process_tree import listening_pid
+from measure.memory import Backend, backends_of
 
 GATEWAY = "gateway"
 
@@ -84,7 +85,7 @@ def resolve_targets(url: str, tiers: list[str]) -> tuple[str, list[Target]]:
             is_gateway = client.get(f"{base}/readyz").status_code != 404
         except httpx.HTTPError as exc:
             raise TargetError(f"target {base} is unreachable: {exc}") from None
-    pid = listener_pid(port)
+    pid = listening_pid(port)
     backends = backends_of(pid) if pid is not None else []
     own = Target(GATEWAY, base, "gateway", backends) if is_gateway else None
     if own is None:

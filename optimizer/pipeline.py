@@ -227,6 +227,8 @@ def phase_quantize(job: Job, plan: VariantPlan, model_dir: Path, say: Progress) 
     done = [0]
 
     def on_module(name: str) -> None:
+        # One line per layer: the CLI (model_optimizer/progress.py) draws them as a bar on a
+        # terminal and keeps only 25/50/75% and done in a log.
         done[0] += 1
         say(f"[{plan.precision}] quantize {done[0]}/{len(quantized)} {name}")
 

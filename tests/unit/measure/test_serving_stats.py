@@ -1,5 +1,7 @@
 """serving_stats: hand-computed figures for a few requests."""
 
+import math
+
 import pytest
 
 from measure.serving_stats import RequestResult, compute_stats, percentile, summary_ms
@@ -32,6 +34,7 @@ def test_percentile_interpolates_like_numpy() -> None:
     assert percentile([5.0], 99) == 5.0
     with pytest.raises(ValueError):
         percentile([], 50)
+    assert math.isnan(percentile([], 50, empty=math.nan))
     with pytest.raises(ValueError):
         percentile(values, 101)
 
