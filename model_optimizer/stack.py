@@ -35,6 +35,7 @@ from gateway.policy_store import PolicyStore
 from model_optimizer.envs import ROOT, cache_root, env_python, has_nvidia_gpu
 from model_optimizer.models import AlreadyReported, ModelError
 from model_optimizer.optimize import installed_vllm, run_in_optimize_env, run_optimize
+from model_optimizer.progress import TierStarts
 from model_optimizer.serving_check import (
     Admission,
     admission_key,
@@ -48,7 +49,6 @@ from model_optimizer.serving_check import (
     save,
     variant_digest,
 )
-from model_optimizer.progress import TierStarts
 
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_SPEC = ROOT / "policies" / "deploy" / "tiers.yaml"
