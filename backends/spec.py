@@ -2,8 +2,8 @@
 
 Schema in code (pydantic v2, unknown fields rejected), data in the YAML. Every problem is a
 ``SpecError`` whose text is one line: ``<file>:<line>: <dotted.field>: <message>`` for the spec
-(line found by walking the YAML nodes with optimizer.recipe's helpers), ``tier NAME: <message>``
-for a tier's variant folder. Everything is checked before any tier starts.
+(common/operator_yaml.py reads, parses and validates), ``tier NAME: <message>`` for a tier's
+variant folder. Everything is checked before any tier starts.
 
 Flow: ``load_spec`` → the caller resolves ``device: auto`` → ``resolve_tiers`` = ``read_variant``
 per tier (the only I/O here) + ``plan_tiers`` (pure, runs ``validate_spec`` first).
@@ -19,11 +19,19 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 
 from backends.vllm_args import TierLaunch
-from optimizer.artifacts import METADATA, failed_report_path
-from optimizer.recipe import _dotted, _line_of, compose_yaml
+from common.operator_yaml import (
+    OperatorYamlError,
+    Section,
+    compose_yaml,
+    dotted,
+    line_of,
+    read_text,
+    validate,
+)
+from common.variant_folder import METADATA, failed_report_path
 
 TierName = Literal["fp16", "int8", "int4"]
 Device = Literal["auto", "cpu", "cuda"]
@@ -42,15 +50,11 @@ _SERVES: dict[str, frozenset[str]] = {
 _CORES = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
 
 
-class SpecError(ValueError):
+class SpecError(OperatorYamlError):
     """A deployment spec or variant that cannot be served; ``str()`` is one line."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RestartPolicy(_Section):
+class RestartPolicy(Section):
     """How the supervisor restarts a crashed tier: exponential backoff, then give up."""
 
     max_restarts: NonNegativeInt = 5
@@ -58,7 +62,7 @@ class RestartPolicy(_Section):
     backoff_max_s: Seconds = 60.0
 
 
-class TierSpec(_Section):
+class TierSpec(Section):
     """One precision tier. ``None`` means "take it from the variant's files"."""
 
     name: TierName
@@ -92,7 +96,7 @@ def _default_floors() -> dict[Category, float]:
     return {"chat": 0.5, "code": 0.5, "math": 0.5}
 
 
-class AdmissionSpec(_Section):
+class AdmissionSpec(Section):
     """The in-engine admission check after the tiers start (measure/admission.py): every tier
     against ``reference`` on the shipped probes; a tier below a category's floor (mean
     teacher-forced next-token agreement with the reference, 0..1) is not routed the classes
@@ -106,7 +110,7 @@ class AdmissionSpec(_Section):
     )
 
 
-class DeploymentSpec(_Section):
+class DeploymentSpec(Section):
     """The whole file: the public model name, where the variants are, and the tiers."""
 
     model_name: str
@@ -129,26 +133,13 @@ class DeploymentSpec(_Section):
         return value
 
 
-_SECTIONS: dict[tuple[str, ...], type[BaseModel]] = {
-    (): DeploymentSpec,
-    ("restart",): RestartPolicy,
-    ("admission",): AdmissionSpec,
-    ("tiers",): TierSpec,
-}
-
-
 # --------------------------------------------------------------------------- loading
 
 
 def load_spec(path: str | Path) -> DeploymentSpec:
     """Read and validate a spec file. A relative ``variants_dir`` is relative to the file."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise SpecError(f"{path}: cannot read deployment spec: {reason}") from None
-    spec = parse_spec(text, str(path))
+    spec = parse_spec(read_text(path, "deployment spec", SpecError), str(path))
     if spec.variants_dir is not None:
         folder = spec.variants_dir.expanduser()
         spec = spec.model_copy(update={"variants_dir": path.parent / folder})
@@ -158,36 +149,16 @@ def load_spec(path: str | Path) -> DeploymentSpec:
 def parse_spec(text: str, source: str = "<spec>") -> DeploymentSpec:
     """Validate spec YAML ``text`` (device-independent checks); ``source`` is named in errors."""
     root, data = compose_yaml(text, source, SpecError)
-    try:
-        spec = DeploymentSpec.model_validate({} if data is None else data)
-    except ValidationError as exc:
-        raise _validation_error(exc, root, source) from None
+    spec = validate(DeploymentSpec, data, root, source, SpecError)
     spec._source, spec._root = source, root
     for loc, message in _problems(spec, None):
         raise _error(spec, loc, message)
     return spec
 
 
-def _validation_error(exc: ValidationError, root: yaml.Node | None, source: str) -> SpecError:
-    # Same shape as optimizer.recipe._recipe_error; copied because its field hints walk Recipe.
-    error = exc.errors(include_url=False)[0]
-    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-    if error["type"] == "extra_forbidden":
-        parent = tuple(p for p in loc[:-1] if isinstance(p, str))
-        model = _SECTIONS.get(parent)
-        message = f"unknown field (allowed: {', '.join(model.model_fields) if model else '-'})"
-    elif error["type"] == "missing":
-        message = "required field is missing"
-    else:
-        message = str(error["msg"]).removeprefix("Value error, ")
-    more = exc.error_count() - 1
-    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    return SpecError(f"{source}:{_line_of(root, loc)}: {_dotted(loc)}: {message}{suffix}")
-
-
 def _error(spec: DeploymentSpec, loc: Loc, message: str) -> SpecError:
-    where = spec._source if spec._root is None else f"{spec._source}:{_line_of(spec._root, loc)}"
-    return SpecError(f"{where}: {_dotted(loc)}: {message}")
+    where = spec._source if spec._root is None else f"{spec._source}:{line_of(spec._root, loc)}"
+    return SpecError(f"{where}: {dotted(loc)}: {message}")
 
 
 # --------------------------------------------------------------------------- validation

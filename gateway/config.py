@@ -13,8 +13,9 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from common.operator_yaml import OperatorYamlError, compose_yaml, read_text, validate
 
 
 class TierEndpoint(BaseModel):
@@ -116,27 +117,16 @@ def keys_from_environment(
     )
 
 
-class ConfigError(Exception):
-    """A configuration file could not be read or is invalid (message is one line)."""
+class ConfigError(OperatorYamlError):
+    """A configuration file could not be read or is invalid; ``str()`` is one line,
+    ``<file>:<line>: <dotted.field>: <message>`` (common/operator_yaml.py)."""
 
 
 def load_config(path: str | Path) -> GatewayConfig:
     """Read a YAML file holding a ``GatewayConfig`` mapping."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read gateway config {path}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"gateway config {path} is not valid YAML: {first_line}") from exc
+    text = read_text(path, "gateway config", ConfigError)
+    root, data = compose_yaml(text, str(path), ConfigError)
     if not isinstance(data, dict):
-        raise ConfigError(f"gateway config {path} must be a YAML mapping")
-    try:
-        return GatewayConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in err['loc']) or '<root>'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise ConfigError(f"gateway config {path} is invalid: {problems}") from exc
+        raise ConfigError(f"{path}:1: (top level): must be a YAML mapping")
+    return validate(GatewayConfig, data, root, str(path), ConfigError)

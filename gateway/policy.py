@@ -1,8 +1,8 @@
 """The routing policy (``policies/routing.yaml``): schema, loading and one-line errors.
 
 Schema in code (pydantic v2, unknown fields rejected everywhere), data in the YAML. Every problem
-is a ``PolicyError`` whose text is one line, ``<file>:<line>: <dotted.field>: <message>``; the line
-is found by walking the YAML node tree with optimizer.recipe's helpers (as backends/spec.py does).
+is a ``PolicyError`` whose text is one line, ``<file>:<line>: <dotted.field>: <message>``
+(common/operator_yaml.py reads, parses and validates, as for the deployment spec and the recipe).
 
 Sections:
 - ``tiers``: the tier names this policy may route to (e.g. fp16, int8, int4). Every tier named
@@ -25,17 +25,22 @@ Sections:
 from __future__ import annotations
 
 import re
-import types
-import typing
 import zoneinfo
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from optimizer.recipe import _dotted, _line_of, compose_yaml
+from common.operator_yaml import (
+    OperatorYamlError,
+    Section,
+    compose_yaml,
+    located,
+    read_text,
+    validate,
+)
 
 ClassName = Literal["tolerant", "code", "math", "long"]
 CLASS_NAMES: tuple[ClassName, ...] = ("tolerant", "code", "math", "long")
@@ -49,12 +54,8 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _HHMM = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])")
 
 
-class PolicyError(ValueError):
+class PolicyError(OperatorYamlError):
     """A routing policy that cannot be used; ``str()`` is one line naming file, line and field."""
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _check_name(value: str, what: str) -> str:
@@ -66,7 +67,7 @@ def _check_name(value: str, what: str) -> str:
 # --------------------------------------------------------------------------- classes
 
 
-class Pattern(_Section):
+class Pattern(Section):
     """A named regular expression; each pattern that matches adds its ``weight`` once.
 
     Python ``re`` syntax; flags inline, e.g. ``(?m)`` for ``^``/``$`` at line ends, ``(?i)`` to
@@ -112,7 +113,7 @@ def _one_word_keywords(value: list[str]) -> list[str]:
     return words
 
 
-class TaskRule(_Section):
+class TaskRule(Section):
     """A request for work: one of ``verbs`` followed within ``window`` words by one of
     ``objects`` ("write a Python function", "implement a binary search"). Adds ``weight`` once."""
 
@@ -127,13 +128,13 @@ class TaskRule(_Section):
         return _one_word_keywords(value)
 
 
-class LongRule(_Section):
+class LongRule(Section):
     """``long``: the prompt (chat template applied) has at least ``min_tokens`` tokens."""
 
     min_tokens: PositiveInt = 1024
 
 
-class CodeRule(_Section):
+class CodeRule(Section):
     """``code``: score = fence_weight if a fenced block (```/~~~) is present
     + keyword_weight per distinct keyword found + the task's weight when it is found
     + each matching pattern's weight once."""
@@ -151,7 +152,7 @@ class CodeRule(_Section):
         return _keywords(value)
 
 
-class MathRule(_Section):
+class MathRule(Section):
     """``math``: score = keyword_weight per distinct keyword + the task's weight when found
     + each matching pattern's weight once + number_weight when the text has at least
     ``min_numbers`` numbers and at least ``number_density`` numbers per word."""
@@ -171,7 +172,7 @@ class MathRule(_Section):
         return _keywords(value)
 
 
-class ClassesPolicy(_Section):
+class ClassesPolicy(Section):
     """The classifier's rules. ``tolerant`` has none: it is what nothing else claims."""
 
     long: LongRule = Field(default_factory=LongRule)
@@ -182,7 +183,7 @@ class ClassesPolicy(_Section):
 # --------------------------------------------------------------------------- routes
 
 
-class Route(_Section):
+class Route(Section):
     """Tiers for one class. A bare list in the YAML means ``strategy: ordered``."""
 
     strategy: Strategy = "ordered"
@@ -202,7 +203,7 @@ class Route(_Section):
         return tiers
 
 
-class RoutesPolicy(_Section):
+class RoutesPolicy(Section):
     tolerant: Route
     code: Route
     math: Route
@@ -216,14 +217,14 @@ class RoutesPolicy(_Section):
 # --------------------------------------------------------------------------- the rest
 
 
-class SaturationPolicy(_Section):
+class SaturationPolicy(Section):
     """A tier is saturated (skipped) when a scraped value is ABOVE its threshold."""
 
     max_requests_waiting: NonNegativeFloat = 4.0
     max_kv_usage: float = Field(default=0.9, ge=0, le=1)
 
 
-class LimitsPolicy(_Section):
+class LimitsPolicy(Section):
     """Token limits; see policies/routing.yaml for the meaning of each field."""
 
     max_input_tokens: PositiveInt | None = None
@@ -237,13 +238,13 @@ class LimitsPolicy(_Section):
         return self.tier_max_input_tokens.get(tier) if tier is not None else None
 
 
-class TimeoutsPolicy(_Section):
+class TimeoutsPolicy(Section):
     """How long a tier may take before the chain moves on (see policies/routing.yaml)."""
 
     first_byte_seconds: PositiveFloat = 120.0
 
 
-class PinningPolicy(_Section):
+class PinningPolicy(Section):
     """Whether a request may choose its tier with a header (an operator's tool)."""
 
     allow: bool = False
@@ -258,7 +259,7 @@ class PinningPolicy(_Section):
 # --------------------------------------------------------------------------- resets
 
 
-class ResetWindow(_Section):
+class ResetWindow(Section):
     """A time-of-day window, ``start`` inclusive to ``end`` exclusive, on the wall clock of
     ``timezone`` (an IANA name). ``end`` before ``start`` crosses midnight (23:00-02:00)."""
 
@@ -315,21 +316,21 @@ def _minute_of_day(hhmm: str) -> int:
     return int(hours) * 60 + int(minutes)
 
 
-class QuietCondition(_Section):
+class QuietCondition(Section):
     """Traffic across all replicas below ``max_rps`` requests/s for at least ``for_seconds``."""
 
     max_rps: PositiveFloat = 0.5
     for_seconds: PositiveFloat = 120.0
 
 
-class ResetTriggers(_Section):
+class ResetTriggers(Section):
     """Drift that makes a tier due before ``min_interval_seconds`` (``None``: trigger off)."""
 
     preemptions_growth: PositiveFloat | None = None  # vllm:num_preemptions_total growth
     ttft_p90_factor: float | None = Field(default=None, gt=1)  # TTFT p90 > factor x baseline
 
 
-class ResetsPolicy(_Section):
+class ResetsPolicy(Section):
     """KV-pool resets in low-traffic windows; see policies/routing.yaml for each field."""
 
     enabled: bool = False
@@ -353,7 +354,7 @@ class ResetsPolicy(_Section):
 # --------------------------------------------------------------------------- shadow
 
 
-class ShadowPolicy(_Section):
+class ShadowPolicy(Section):
     """Shadow sampling; see policies/routing.yaml for each field."""
 
     fraction: float = Field(default=0.0, ge=0, le=1)
@@ -366,7 +367,7 @@ class ShadowPolicy(_Section):
     timeout_seconds: PositiveFloat = 60.0
 
 
-class RoutingPolicy(_Section):
+class RoutingPolicy(Section):
     """The whole file."""
 
     tiers: list[str] = Field(min_length=1)
@@ -395,12 +396,7 @@ class RoutingPolicy(_Section):
 def load_policy(path: str | Path) -> RoutingPolicy:
     """Read and validate a policy file; ``PolicyError`` (one line) on any problem."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise PolicyError(f"{path}: cannot read routing policy: {reason}") from None
-    return parse_policy(text, str(path))
+    return parse_policy(read_text(path, "routing policy", PolicyError), str(path))
 
 
 def parse_policy(
@@ -416,10 +412,9 @@ def parse_policy(
         data = {}
     if not isinstance(data, dict):
         raise PolicyError(f"{source}:1: (top level): must be a mapping of sections")
-    try:
-        policy = RoutingPolicy.model_validate(data)
-    except ValidationError as exc:
-        raise _validation_error(exc, root, data, source) from None
+    policy = validate(
+        RoutingPolicy, data, root, source, PolicyError, yaml_loc=lambda loc: _yaml_loc(data, loc)
+    )
     for loc, message in _problems(policy):
         raise _error(root, data, source, loc, message)
     for loc, message in _unknown_tiers(policy, known_tiers):
@@ -490,60 +485,4 @@ def _yaml_loc(data: Mapping[str, Any], loc: Loc) -> Loc:
 def _error(
     root: yaml.Node | None, data: Mapping[str, Any], source: str, loc: Loc, message: str
 ) -> PolicyError:
-    loc = _yaml_loc(data, loc)
-    return PolicyError(f"{source}:{_line_of(root, loc)}: {_dotted(loc)}: {message}")
-
-
-def _validation_error(
-    exc: ValidationError, root: yaml.Node | None, data: Mapping[str, Any], source: str
-) -> PolicyError:
-    error = exc.errors(include_url=False)[0]
-    loc: Loc = tuple(
-        part
-        for part in error["loc"]
-        if not (isinstance(part, str) and (part == "[key]" or part.startswith("function-")))
-    )
-    if error["type"] == "extra_forbidden":
-        allowed = _fields_at(loc[:-1])
-        message = f"unknown field (allowed: {', '.join(allowed) if allowed else '-'})"
-    elif error["type"] == "missing":
-        message = "required field is missing"
-    else:
-        message = str(error["msg"]).removeprefix("Value error, ")
-    more = exc.error_count() - 1
-    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    return _error(root, data, source, loc, message + suffix)
-
-
-def _fields_at(loc: Sequence[str | int]) -> list[str]:
-    """Field names of the section found by following ``loc`` from ``RoutingPolicy``."""
-    annotation: Any = RoutingPolicy
-    for part in loc:
-        annotation = _unwrap(annotation)
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            field = annotation.model_fields.get(str(part))
-            if field is None:
-                return []
-            annotation = field.annotation
-        elif typing.get_origin(annotation) in (list, dict):
-            annotation = typing.get_args(annotation)[-1]
-        else:
-            return []
-    annotation = _unwrap(annotation)
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return list(annotation.model_fields)
-    return []
-
-
-def _unwrap(annotation: Any) -> Any:
-    while True:
-        origin = typing.get_origin(annotation)
-        if origin is Annotated:
-            annotation = typing.get_args(annotation)[0]
-        elif origin in (Union, types.UnionType):
-            args = [a for a in typing.get_args(annotation) if a is not type(None)]
-            if len(args) != 1:
-                return annotation
-            annotation = args[0]
-        else:
-            return annotation
+    return located(PolicyError, source, root, _yaml_loc(data, loc), message)

@@ -8,6 +8,7 @@ concurrency level. A step that cannot run here (vLLM refuses the KV dtype on thi
 reported with vLLM's reason and no figures; the next step is then compared with the one before.
 
 ``ladder`` and ``deltas`` are pure; ``kv_tier`` is the I/O (a vLLM process, stopped on exit).
+How ``up`` launches a tier comes from the CLI as a ``TierLauncher`` (measure sits below it).
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 import psutil
 
 from backends.process import TierProcess, TierStartError, free_port
+from backends.vllm_args import TierLaunch
+from common.env_paths import cache_root, env_python
 from measure.bench import RunResult
 from measure.memory import Backend, backends_of
 
@@ -38,6 +42,18 @@ COMPARED = (
     ("output_throughput", "out tok/s", True),
     ("peak_rss_mib", "peak RSS MiB (all tiers sampled)", False),
 )
+
+
+class TierLauncher(Protocol):
+    """What the KV step needs from ``up``; the CLI hands one in (model_optimizer.stack's)."""
+
+    def launch(self, model: str, tier: str) -> TierLaunch:
+        """``tier``'s launch exactly as ``up`` builds it for ``model``'s cached variants."""
+        ...
+
+    def warm_up(self, launch: TierLaunch) -> None:
+        """``up``'s warm-up requests against a started tier."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -171,18 +187,11 @@ def vllm_reason(log: Path, fallback: str) -> str:
 
 @contextlib.contextmanager
 def kv_tier(
-    model: str, tier: str, running: Backend, dtypes: Sequence[str]
+    model: str, tier: str, running: Backend, dtypes: Sequence[str], launcher: TierLauncher
 ) -> Iterator[tuple[str | None, list[Backend], str, str]]:
-    """Start ``tier`` as ``up`` would, on a free port, with the first of ``dtypes`` vLLM
-    accepts; yields (dtype or None, its backends, its URL, notes) and stops it on exit."""
-    from model_optimizer.envs import cache_root, env_python, has_nvidia_gpu
-    from model_optimizer.stack import UpOptions, phase_emulation, phase_launches, warm_up
-
-    variants = cache_root() / "variants" / model
-    device = "cuda" if has_nvidia_gpu() else "cpu"
-    launch = phase_emulation(
-        phase_launches(UpOptions(tiers=(tier,)), model, variants), variants, device
-    )[0]
+    """Start ``tier`` as ``up`` would (``launcher``), on a free port, with the first of ``dtypes``
+    vLLM accepts; yields (dtype or None, its backends, its URL, notes) and stops it on exit."""
+    launch = launcher.launch(model, tier)
     threads = _threads_of(running.pid) or launch.cpu_threads
     notes: list[str] = []
     for dtype in dtypes:
@@ -195,7 +204,7 @@ def kv_tier(
         try:
             process.start()
             process.wait_ready(timeout=300)
-            warm_up(one)
+            launcher.warm_up(one)
         except (TierStartError, httpx.HTTPError) as exc:
             process.stop()
             reason = vllm_reason(log, " ".join(str(exc).split()))

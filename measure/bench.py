@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from tqdm import tqdm
 
 from measure.loadgen import Prompt, Recorder, run_level, warm_up
 from measure.memory import PeakMemory, PeakSampler
@@ -208,8 +209,6 @@ def summary_line(run: RunResult) -> str:
 
 
 def _say(text: str) -> None:
-    from tqdm import tqdm
-
     tqdm.write(text, file=sys.stderr)
 
 
@@ -220,8 +219,6 @@ def _describe(progress: Any, text: str) -> None:
 
 def new_progress(total: int) -> Any:
     """A tqdm bar on stderr counting requests (disabled when stderr is not a terminal)."""
-    from tqdm import tqdm
-
     return tqdm(total=total, unit="req", file=sys.stderr, disable=None, dynamic_ncols=True)
 
 

@@ -3,6 +3,9 @@
 Exit codes: 0 done; 2 bad input (one line on stderr: a non-loopback or unreachable target, a bad
 concurrency list, an unknown tier, an output folder that exists); 130 interrupted (what was
 measured is printed and written, flagged partial); 1 nothing could be measured.
+
+The CLI (model_optimizer) calls ``run`` with the ``TierLauncher`` that ``--ablation`` uses to
+start a tier as ``up`` does; measure never imports the CLI package.
 """
 
 from __future__ import annotations
@@ -13,6 +16,24 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from tokenizers import Tokenizer
+
+from common.env_paths import cache_root
+from measure import ablation, report
+from measure.ablation import TierLauncher
+from measure.bench import (
+    BenchConfig,
+    BenchResult,
+    RunResult,
+    new_progress,
+    now_iso,
+    parse_concurrency,
+    prompts_needed,
+    sweep,
+)
+from measure.prompts import PromptError, load_tokenizer, make_prompts
+from measure.targets import Target, TargetError, parse_tiers, resolve_targets
 
 DEFAULT_TARGET = "http://127.0.0.1:8000"
 
@@ -58,12 +79,7 @@ def _fail(message: str) -> int:
     return 2
 
 
-def run(args: argparse.Namespace) -> int:
-    from measure.bench import BenchConfig, parse_concurrency
-    from measure.prompts import PromptError, load_tokenizer
-    from measure.targets import TargetError, parse_tiers, resolve_targets
-    from model_optimizer.envs import cache_root
-
+def run(args: argparse.Namespace, launcher: TierLauncher) -> int:
     try:
         levels = parse_concurrency(args.concurrency)
     except ValueError as exc:
@@ -100,23 +116,19 @@ def run(args: argparse.Namespace) -> int:
     except (TargetError, PromptError) as exc:
         return _fail(str(exc))
     kv_dtypes = tuple(d.strip() for d in args.kv_cache_dtype.split(",") if d.strip())
-    return _measure(args, config, model, targets, tokenizer, output, kv_dtypes)
+    return _measure(args, config, model, targets, tokenizer, output, kv_dtypes, launcher)
 
 
 def _measure(
     args: argparse.Namespace,
-    config: Any,
+    config: BenchConfig,
     model: str,
-    targets: list[Any],
-    tokenizer: Any,
+    targets: list[Target],
+    tokenizer: Tokenizer,
     output: Path,
     kv_dtypes: tuple[str, ...],
+    launcher: TierLauncher,
 ) -> int:
-    from measure import ablation, report
-    from measure.bench import BenchResult, RunResult, new_progress, now_iso, prompts_needed, sweep
-    from measure.prompts import make_prompts
-    from measure.targets import Target
-
     steps = ablation.ladder(kv_dtypes) if args.ablation else []
     count = len(steps) if steps else len(targets)
     prompts = make_prompts(tokenizer, prompts_needed(count, config), config.input_len, config.seed)
@@ -135,12 +147,9 @@ def _measure(
             chunk, pool = pool[:take], pool[take:]
             if step.kv_cache_dtypes:
                 running = by_label[step.tier or ""].backends[0]
-                with ablation.kv_tier(model, step.tier or "", running, step.kv_cache_dtypes) as (
-                    dtype,
-                    backends,
-                    url,
-                    note,
-                ):
+                with ablation.kv_tier(
+                    model, step.tier or "", running, step.kv_cache_dtypes, launcher
+                ) as (dtype, backends, url, note):
                     if dtype is None:
                         outcomes.append(ablation.StepOutcome(step, False, note))
                         progress.update(per_target)

@@ -14,9 +14,15 @@ all at once (a temporary folder renamed into place).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from measure import eval_report, routing_eval
+from measure.eval_data import EvalDataError
+from measure.evaluate import EvalOptions, evaluate
+from measure.vllm_client import EndpointError
 
 DEFAULT_BASE = "http://127.0.0.1:8101"  # policies/deploy/tiers.yaml's first tier
 
@@ -114,13 +120,6 @@ def _fail(message: str, code: int) -> int:
 
 
 def _quality(args: argparse.Namespace, tiers: dict[str, str], output: Path) -> int:
-    import asyncio
-
-    from measure import eval_report
-    from measure.eval_data import EvalDataError
-    from measure.evaluate import EvalOptions, evaluate
-    from measure.vllm_client import EndpointError
-
     opts = EvalOptions(
         tiers=tiers,
         reference=args.reference,
@@ -148,10 +147,6 @@ def _quality(args: argparse.Namespace, tiers: dict[str, str], output: Path) -> i
 
 
 def _routing(args: argparse.Namespace, tiers: dict[str, str], output: Path) -> int:
-    from measure import eval_report, routing_eval
-    from measure.eval_data import EvalDataError
-    from measure.vllm_client import EndpointError
-
     opts = routing_eval.RoutingOptions(
         file=Path(args.file),
         gateway=_url(args.gateway, "--gateway"),

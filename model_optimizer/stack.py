@@ -296,3 +296,17 @@ def run_up(opts: UpOptions) -> int:
         _say("stopping tiers ...")
         supervisor.stop_all()
     return 0
+
+
+class StackLauncher:
+    """``up``'s way to launch one tier, for ``bench --ablation`` (measure.ablation.TierLauncher):
+    the CLI hands it to measure, which never imports model_optimizer."""
+
+    def launch(self, model: str, tier: str) -> TierLaunch:
+        variants = cache_root() / "variants" / model
+        device = "cuda" if has_nvidia_gpu() else "cpu"
+        launches = phase_launches(UpOptions(tiers=(tier,)), model, variants)
+        return phase_emulation(launches, variants, device)[0]
+
+    def warm_up(self, launch: TierLaunch) -> None:
+        warm_up(launch)

@@ -16,6 +16,7 @@ from pathlib import Path
 from optimizer.artifacts import OutputError, check_output
 from optimizer.kvcache import KVCacheError
 from optimizer.layers import PlanError
+from optimizer.pipeline import CheckFailed, Job, emulate, optimize, verify
 from optimizer.recipe import Recipe, RecipeError, load_recipe, single_variant_recipe
 from optimizer.sources import SourceError, describe_source, materialize
 
@@ -34,8 +35,6 @@ def _outputs(recipe: Recipe, output: Path, single: str | None) -> dict[str, Path
 
 
 def optimize_command(args: argparse.Namespace) -> int:
-    from optimizer.pipeline import CheckFailed, Job, optimize
-
     started = time.monotonic()
     recipe = load_recipe(args.recipe) if args.recipe else load_recipe(DEFAULT_RECIPE)
     if args.quantize:
@@ -80,8 +79,6 @@ def quiet_and_fair() -> None:
 
 
 def check_command(args: argparse.Namespace) -> int:
-    from optimizer.pipeline import CheckFailed, verify
-
     recipe = load_recipe(args.recipe) if args.recipe else load_recipe(DEFAULT_RECIPE)
     if not (args.variant / "metadata.json").is_file():
         raise SourceError(f"not a variant folder: {args.variant} has no metadata.json")
@@ -124,8 +121,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check":
             return check_command(args)
         if args.command == "emulate":
-            from optimizer.pipeline import emulate
-
             if not (args.variant / "metadata.json").is_file():
                 raise SourceError(f"not a variant folder: {args.variant} has no metadata.json")
             emulate(args.variant, args.output, _say)

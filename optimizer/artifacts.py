@@ -18,8 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-METADATA = "metadata.json"
-FAILED_SUFFIX = ".failed"
+# Re-exported: the folder's names live in common/ so backends/ can read them too.
+from common.variant_folder import FAILED_SUFFIX as FAILED_SUFFIX
+from common.variant_folder import METADATA as METADATA
+from common.variant_folder import failed_report_path as failed_report_path
+
 TMP_PREFIX = ".tmp-"
 
 
@@ -126,11 +129,6 @@ def staging(final: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def failed_report_path(final: Path) -> Path:
-    """Where a variant that failed its check leaves its metadata (no weights)."""
-    return final.with_name(f"{final.name}{FAILED_SUFFIX}.json")
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:

@@ -222,7 +222,7 @@ class _LayerTracker:
 
 def linear_names(model: nn.Module) -> list[str]:
     """Names of the model's ``nn.Linear`` modules, in module order."""
-    from torch import nn
+    from torch import nn  # here, not at the top: see TYPE_CHECKING above
 
     return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
 
@@ -239,7 +239,7 @@ def compare_models(
         raise CheckError("precision check needs at least one probe")
     if candidate is original:
         raise CheckError("precision check needs two models; the candidate is the original")
-    import torch
+    import torch  # here, not at the top: see TYPE_CHECKING above
 
     started = time.perf_counter()
     names = linear_names(original)
@@ -433,7 +433,7 @@ def _token_metrics(
     logits_orig: torch.Tensor, logits_cand: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-position KL(p_orig || p_cand) and argmax agreement."""
-    import torch
+    import torch  # here, not at the top: see TYPE_CHECKING above
 
     if logits_orig.shape != logits_cand.shape:
         raise CheckError(
@@ -448,7 +448,7 @@ def _token_metrics(
 
 
 def _tensor(output: Any) -> torch.Tensor:
-    import torch
+    import torch  # here, not at the top: see TYPE_CHECKING above
 
     tensor = output[0] if isinstance(output, tuple | list) else output
     if not isinstance(tensor, torch.Tensor):

@@ -18,6 +18,7 @@ from typing import Any
 
 from optimizer import artifacts
 from optimizer.artifacts import InputKey
+from optimizer.check import CheckThresholds, compare_models, evaluate, failure_message
 from optimizer.kvcache import kv_cache_config, kv_dtype_bytes
 from optimizer.layers import (
     LinearInfo,
@@ -74,14 +75,14 @@ Progress = Callable[[str], None]
 
 
 def _dtype(name: str) -> Any:
-    import torch
+    import torch  # optimize env only (the gateway env has no torch)
 
     return getattr(torch, name)
 
 
 def cast_floats(folder: Path, dtype_name: str) -> None:
     """Store every floating tensor of the checkpoint as ``dtype_name`` (ints stay as they are)."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file, save_file  # optimize env only, like torch
 
     dtype = _dtype(dtype_name)
     for path in sorted(folder.glob("*.safetensors")):
@@ -112,7 +113,7 @@ _QUANT_SUFFIXES = (
 
 def drop_quantization_tensors(folder: Path) -> None:
     """Remove quantization parameters a dequantized save still carries (vLLM refuses them)."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file, save_file  # optimize env only, like torch
 
     for path in sorted(folder.glob("*.safetensors")):
         tensors = load_file(path)
@@ -169,7 +170,7 @@ def optimize(job: Job, say: Progress) -> list[VariantResult]:
 
 def phase_load(model_dir: Path, say: Progress) -> tuple[Any, Any]:
     """Load the original model (bf16 on CPU) and its tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # optimize env only
 
     started = time.monotonic()
     say(f"load: {model_dir}")
@@ -180,7 +181,7 @@ def phase_load(model_dir: Path, say: Progress) -> tuple[Any, Any]:
 
 
 def linear_infos(model: Any) -> list[LinearInfo]:
-    from torch import nn
+    from torch import nn  # optimize env only
 
     return [
         LinearInfo(name, module.in_features, module.out_features)
@@ -205,7 +206,7 @@ def phase_plan(job: Job, variant: str, model: Any) -> VariantPlan:
 
 def phase_quantize(job: Job, plan: VariantPlan, model_dir: Path, say: Progress) -> Any:
     """A fresh copy of the model, quantized by llm-compressor (or just loaded, for fp16)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # optimize env only
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_dtype(COMPUTE_DTYPE_NAME))
     if not is_quantized(plan.precision):
@@ -252,9 +253,7 @@ def phase_check(
     job: Job, variant: str, original: Any, tokenizer: Any, folder: Path, judged: list[str]
 ) -> dict[str, Any]:
     """Load the written variant back and compare it with the original on the probes."""
-    from transformers import AutoModelForCausalLM
-
-    from optimizer.check import CheckThresholds, compare_models, evaluate
+    from transformers import AutoModelForCausalLM  # optimize env only, like torch
 
     candidate = AutoModelForCausalLM.from_pretrained(folder, dtype=_dtype(COMPUTE_DTYPE_NAME))
     report = compare_models(original, candidate, tokenizer, load_probes())
@@ -275,8 +274,6 @@ def phase_check(
 def check_message(variant: str, verdict: Any, original: Any) -> str:
     """``precision check failed ...`` plus the overrides that keep the worst layers (and the
     layers vLLM fuses with them) unquantized."""
-    from optimizer.check import failure_message
-
     names = [name for name, _ in original.named_modules() if name]
     keep = fused_siblings([name for name, _ in verdict.worst_layers], names)
     return failure_message(verdict, variant, layers=keep)
@@ -404,6 +401,7 @@ def emulate(variant_dir: Path, output: Path, say: Progress) -> Path:
     no W4A16 GEMM): the copy answers exactly as the quantized model computes, without its
     memory savings. metadata.json says so. Cached: an up-to-date copy is left as it is.
     """
+    # optimize env only, like torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils.quantization_config import CompressedTensorsConfig
 

@@ -48,7 +48,7 @@ def calibration_texts(spec: CalibrationSpec) -> list[str]:
 
 def calibration_dataset(tokenizer: Any, spec: CalibrationSpec) -> Any:
     """A tokenized ``datasets.Dataset`` ready for ``oneshot`` (no hub access)."""
-    from datasets import Dataset
+    from datasets import Dataset  # optimize env only, like llm-compressor
 
     encoded = tokenizer(
         calibration_texts(spec),
@@ -104,6 +104,7 @@ def config_groups(plan: VariantPlan) -> dict[str, Any]:
 
 def build_modifiers(plan: VariantPlan, smoothing_strength: float) -> list[Any]:
     """llm-compressor modifiers for one variant: GPTQ, preceded by SmoothQuant for int8."""
+    # llm-compressor (and torch under it) is in the optimize env only
     from llmcompressor.modifiers.gptq import GPTQModifier
     from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
 
@@ -119,7 +120,7 @@ def build_modifiers(plan: VariantPlan, smoothing_strength: float) -> list[Any]:
 @contextmanager
 def module_progress(on_module: Callable[[str], None]) -> Iterator[None]:
     """Report each module GPTQ quantizes (llm-compressor logs them through loguru)."""
-    from loguru import logger
+    from loguru import logger  # llm-compressor's dependency: optimize env only
 
     def sink(message: Any) -> None:
         match = _QUANTIZING.search(str(message.record["message"]))
@@ -142,7 +143,7 @@ def run_oneshot(
     on_module: Callable[[str], None],
 ) -> Any:
     """Quantize ``model`` in place with calibration data; return it."""
-    from llmcompressor import oneshot
+    from llmcompressor import oneshot  # optimize env only (loads torch)
 
     dataset = calibration_dataset(tokenizer, calibration)
     with module_progress(on_module):

@@ -5,32 +5,21 @@ Schema in code (pydantic v2, unknown fields rejected everywhere), data in
 gateway and the optimize environment.
 
 Every problem with a recipe file is a ``RecipeError`` whose text is one line,
-``<file>:<line>: <dotted.field>: <message>``; the line is found by walking the YAML node tree along
-the field's path (the nearest enclosing key when the field itself is absent).
+``<file>:<line>: <dotted.field>: <message>`` (common/operator_yaml.py reads, parses and validates;
+an unknown field names the closest allowed one).
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import re
-import types
-import typing
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Literal
 
-import yaml
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BeforeValidator, Field, field_validator, model_validator
+
+from common.operator_yaml import OperatorYamlError, Section, load_model, parse_model
 
 Precision = Literal["fp16", "bf16", "int8", "int4"]
 PRECISIONS: tuple[Precision, ...] = ("fp16", "bf16", "int8", "int4")
@@ -58,7 +47,7 @@ DEFAULT_THRESHOLDS: dict[str, dict[str, float]] = {
 DEFAULT_VARIANTS: tuple[Precision, ...] = ("fp16", "int8", "int4")
 
 
-class RecipeError(ValueError):
+class RecipeError(OperatorYamlError):
     """A recipe that cannot be used; ``str()`` is one line naming file, line and field."""
 
 
@@ -84,11 +73,7 @@ PositiveInt = Annotated[int, Field(strict=True, gt=0)]
 NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class CheckThresholds(_Section):
+class CheckThresholds(Section):
     """Limits of the precision check for one variant against the original model."""
 
     max_kl: float = Field(ge=0)
@@ -96,11 +81,11 @@ class CheckThresholds(_Section):
     max_layer_rel_error: float = Field(ge=0)
 
 
-class VariantSpec(_Section):
+class VariantSpec(Section):
     check: CheckThresholds
 
 
-class LayerOverride(_Section):
+class LayerOverride(Section):
     """Keep ``layers`` (exact names, dotted suffixes or ``re:`` patterns) at ``precision``."""
 
     layers: list[str] = Field(min_length=1)
@@ -120,7 +105,7 @@ class LayerOverride(_Section):
         return layers
 
 
-class QuantizationSection(_Section):
+class QuantizationSection(Section):
     default_precision: PrecisionName = "int8"
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
     layer_overrides: list[LayerOverride] = Field(default_factory=list)
@@ -135,14 +120,14 @@ class QuantizationSection(_Section):
         raise ValueError(f"must be 'auto' or a positive integer, not {value!r}")
 
 
-class CalibrationSection(_Section):
+class CalibrationSection(Section):
     dataset: str | None = None
     num_samples: PositiveInt = 32
     max_seq_length: PositiveInt = 256
     seed: NonNegativeInt = 0
 
 
-class KVCacheSection(_Section):
+class KVCacheSection(Section):
     dtype: Literal["auto", "fp8"] = "auto"
     block_size: PositiveInt = 16
     max_model_len: PositiveInt = 2048
@@ -168,7 +153,7 @@ def default_variant_spec(precision: str) -> VariantSpec:
     return VariantSpec.model_validate({"check": DEFAULT_THRESHOLDS[normalize_precision(precision)]})
 
 
-class Recipe(_Section):
+class Recipe(Section):
     variants: dict[PrecisionName, VariantSpec] = Field(default_factory=_default_variants)
     quantization: QuantizationSection = Field(default_factory=QuantizationSection)
     calibration: CalibrationSection = Field(default_factory=CalibrationSection)
@@ -212,155 +197,12 @@ class Recipe(_Section):
 
 def load_recipe(path: str | Path) -> Recipe:
     """Read and validate a recipe file; ``RecipeError`` (one line) on any problem."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise RecipeError(f"{path}: cannot read recipe: {reason}") from None
-    return parse_recipe(text, str(path))
+    return load_model(path, Recipe, "recipe", RecipeError, suggest=True)
 
 
 def parse_recipe(text: str, source_name: str = "<recipe>") -> Recipe:
     """Validate recipe YAML ``text``; ``source_name`` is the file named in errors."""
-    root, data = compose_yaml(text, source_name, RecipeError)
-    try:
-        return Recipe.model_validate({} if data is None else data)
-    except ValidationError as exc:
-        raise _recipe_error(exc, root, source_name) from None
-
-
-def compose_yaml(text: str, source: str, error: type[ValueError]) -> tuple[yaml.Node | None, Any]:
-    """Parse operator YAML into its node tree (for error lines) and its data.
-
-    Syntax errors and duplicate keys raise ``error`` with one line: ``source:line: ...``.
-    Shared by the recipe, the deployment spec and the routing policy.
-    """
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else 1
-        problem = " ".join(str(exc.problem or exc.context or "invalid YAML").split())
-        raise error(f"{source}:{line}: invalid YAML: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise error(f"{source}:1: invalid YAML: {' '.join(str(exc).split())}") from None
-    if root is not None:
-        try:
-            _reject_duplicate_keys(root, (), source)
-        except RecipeError as exc:
-            raise error(str(exc)) from None
-    return root, data
-
-
-def _reject_duplicate_keys(node: yaml.Node, path: tuple[str | int, ...], source: str) -> None:
-    # PyYAML keeps the last of two equal keys silently; in a recipe that hides a mistake.
-    if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
-        for key_node, value_node in node.value:
-            key = str(key_node.value)
-            if key in seen:
-                line = key_node.start_mark.line + 1
-                raise RecipeError(f"{source}:{line}: {_dotted((*path, key))}: duplicate key")
-            seen.add(key)
-            _reject_duplicate_keys(value_node, (*path, key), source)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _reject_duplicate_keys(item, (*path, index), source)
-
-
-def _recipe_error(exc: ValidationError, root: yaml.Node | None, source: str) -> RecipeError:
-    error = exc.errors(include_url=False)[0]
-    loc = tuple(
-        part
-        for part in error["loc"]
-        if not (isinstance(part, str) and (part == "[key]" or part.startswith("function-")))
-    )
-    line = _line_of(root, loc)
-    message = _message(error, loc)
-    more = exc.error_count() - 1
-    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    return RecipeError(f"{source}:{line}: {_dotted(loc)}: {message}{suffix}")
-
-
-def _dotted(loc: Sequence[str | int]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
-def _line_of(root: yaml.Node | None, loc: Sequence[str | int]) -> int:
-    """1-based line of the key at ``loc``; the deepest existing ancestor's line otherwise."""
-    if root is None:
-        return 1
-    node: yaml.Node = root
-    line = root.start_mark.line + 1
-    for part in loc:
-        child: yaml.Node | None = None
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                if str(key_node.value) == str(part):
-                    line, child = key_node.start_mark.line + 1, value_node
-                    break
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part >= 0:
-            child = node.value[part] if part < len(node.value) else None
-            line = child.start_mark.line + 1 if child is not None else line
-        if child is None:
-            break
-        node = child
-    return line
-
-
-def _message(error: Mapping[str, Any], loc: Sequence[str | int]) -> str:
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        allowed = _allowed_fields(loc[:-1])
-        name = str(loc[-1]) if loc else "?"
-        close = difflib.get_close_matches(name, allowed, n=1)
-        hint = f"did you mean {close[0]}?" if close else f"allowed: {', '.join(allowed)}"
-        return f"unknown field ({hint})"
-    if kind == "missing":
-        return "required field is missing"
-    message = str(error["msg"])
-    return message.removeprefix("Value error, ")
-
-
-def _allowed_fields(loc: Sequence[str | int]) -> list[str]:
-    """Field names of the model found by following ``loc`` from ``Recipe``."""
-    annotation: Any = Recipe
-    for part in loc:
-        annotation = _unwrap(annotation)
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            field = annotation.model_fields.get(str(part))
-            if field is None:
-                return []
-            annotation = field.annotation
-        elif typing.get_origin(annotation) is list:
-            annotation = typing.get_args(annotation)[0]
-        elif typing.get_origin(annotation) is dict:
-            annotation = typing.get_args(annotation)[1]
-        else:
-            return []
-    annotation = _unwrap(annotation)
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return list(annotation.model_fields)
-    return []
-
-
-def _unwrap(annotation: Any) -> Any:
-    while True:
-        origin = typing.get_origin(annotation)
-        if origin is Annotated:
-            annotation = typing.get_args(annotation)[0]
-        elif origin in (Union, types.UnionType):
-            args = [a for a in typing.get_args(annotation) if a is not type(None)]
-            if len(args) != 1:
-                return annotation
-            annotation = args[0]
-        else:
-            return annotation
+    return parse_model(text, source_name, Recipe, RecipeError, suggest=True)
 
 
 # --------------------------------------------------------------------------- derived recipes

@@ -106,6 +106,7 @@ def convert_gguf(source: ModelSource, dest: Path) -> Path:
         return dest
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # optimize env only, and after the offline switches above (transformers reads them)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

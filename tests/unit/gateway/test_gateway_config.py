@@ -78,9 +78,13 @@ def test_load_config_missing_file_is_one_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("model_name: [unclosed\n", "not valid YAML"),
-        ("- just\n- a list\n", "must be a YAML mapping"),
-        ("model_name: m\ntiers: []\n", "tiers"),
+        ("model_name: [unclosed\n", ":2: invalid YAML: "),
+        ("- just\n- a list\n", r":1: \(top level\): must be a YAML mapping"),
+        ("model_name: m\ntiers: []\n", ":2: tiers: List should have at least 1 item"),
+        (
+            "model_name: m\ntypo: 1\ntiers: [{name: a, base_url: 'http://x'}]\n",
+            r":2: typo: unknown field \(allowed: model_name, tiers, ",
+        ),
     ],
 )
 def test_load_config_rejects_bad_content(tmp_path: Path, text: str, expected: str) -> None:
@@ -88,5 +92,5 @@ def test_load_config_rejects_bad_content(tmp_path: Path, text: str, expected: st
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ConfigError, match=expected) as caught:
         load_config(path)
-    assert str(path) in str(caught.value)
+    assert str(caught.value).startswith(f"{path}:")
     assert "\n" not in str(caught.value)

