@@ -108,16 +108,25 @@ class TierClient:
                 raise TierClientError(f"GET {self.base_url}/v1/models: no model listed") from exc
         return self._model
 
-    async def reset_prefix_cache(self) -> None:
-        """``POST /reset_prefix_cache``; raise unless vLLM reports success."""
-        response = self._ok(
-            await self._request("POST", "/reset_prefix_cache", self._timeout), dev=True
-        )
-        if self._json(response).get("success") is not True:
-            raise TierClientError(
-                f"POST {self.base_url}/reset_prefix_cache: vLLM refused the reset "
-                "(success=false: running requests still hold KV blocks); drain the tier and retry"
+    async def reset_prefix_cache(self, attempts: int = 5, pause: float = 0.5) -> None:
+        """``POST /reset_prefix_cache``; raise unless vLLM reports success.
+
+        A drained tier may still hold the last request's blocks for a moment (the engine frees
+        them after the answer is sent), so a refusal is retried ``attempts`` times. Control
+        calls get the generation timeout: a busy engine answers them late, not never."""
+        for attempt in range(attempts):
+            response = self._ok(
+                await self._request("POST", "/reset_prefix_cache", self._generate_timeout),
+                dev=True,
             )
+            if self._json(response).get("success") is True:
+                return
+            if attempt + 1 < attempts:
+                await asyncio.sleep(pause)
+        raise TierClientError(
+            f"POST {self.base_url}/reset_prefix_cache: vLLM refused the reset {attempts} times "
+            "(success=false: running requests still hold KV blocks); drain the tier and retry"
+        )
 
     async def supports_sleep(self) -> bool:
         """Whether sleep mode frees the KV pool here; read once from ``/server_info``."""
@@ -209,7 +218,7 @@ class TierClient:
     async def _sleep_capability(self) -> tuple[bool, str]:
         if self._sleep_support is None:
             response = await self._request(
-                "GET", "/server_info", self._timeout, params={"config_format": "json"}
+                "GET", "/server_info", self._generate_timeout, params={"config_format": "json"}
             )
             if response.status_code == 404:
                 self._sleep_support = (False, "no /server_info: VLLM_SERVER_DEV_MODE=1 is needed")

@@ -81,6 +81,9 @@ class ResetCoordinator:
         self.quiet_since: float | None = None
         self.last_decision: ResetDecision | None = None
         self.ttft = TtftDrift()
+        # One client per tier for the coordinator's life: what it learns once (whether sleep
+        # mode exists, from /server_info) is not asked again at every reset.
+        self._clients: dict[str, TierClient] = {}
 
     # ------------------------------------------------------------------ the loop
 
@@ -307,9 +310,12 @@ class ResetCoordinator:
         return self.lock.holder
 
     def _default_client(self, tier: str) -> TierClient:
-        endpoint = self.runtime.board.tiers[tier]
-        model = self.runtime.config.model_name
-        return TierClient(endpoint.base_url, self.runtime.upstream.client, model=model)
+        if tier not in self._clients:
+            endpoint = self.runtime.board.tiers[tier]
+            model = self.runtime.config.model_name
+            client = TierClient(endpoint.base_url, self.runtime.upstream.client, model=model)
+            self._clients[tier] = client
+        return self._clients[tier]
 
 
 def parse_marks(raw: str | None) -> dict[str, str]:

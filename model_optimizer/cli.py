@@ -17,9 +17,13 @@ from gateway.policy import CLASS_NAMES, PolicyError
 from gateway.policy_store import PolicyStore
 from measure import command as bench_command
 from measure import eval_cli
+from measure.admission_run import CheckOptions
+from measure.admission_run import run_check as run_serving_check
+from measure.vllm_client import EndpointError
 from model_optimizer import __version__
 from model_optimizer.models import AlreadyReported, ModelError
 from model_optimizer.optimize import run_check, run_optimize
+from model_optimizer.serving_check import admission_probes
 from model_optimizer.soak import render, soak
 from model_optimizer.stack import DEFAULT_POLICY, DEFAULT_SPEC, StackLauncher, UpOptions, run_up
 
@@ -54,8 +58,17 @@ def _parser() -> argparse.ArgumentParser:
     _optimize_args(opt)
     chk = sub.add_parser("check", help="precision-check a variant folder against its model")
     chk.add_argument("--model", default="default", help="the original the variant came from")
-    chk.add_argument("--variant", required=True, help="a variant folder (has metadata.json)")
+    chk.add_argument("--variant", default=None, help="a variant folder (has metadata.json)")
     chk.add_argument("--recipe", default=None, help="thresholds (default recipe if omitted)")
+    chk.add_argument(
+        "--serving",
+        action="store_true",
+        help="instead: check running tiers against the reference in the engine (admission)",
+    )
+    chk.add_argument("--tier-base", default="http://127.0.0.1:8101", help="with --serving")
+    chk.add_argument("--tier-names", default="fp16,int8,int4", help="with --serving")
+    chk.add_argument("--tier-urls", default=None, help="with --serving: fp16=URL,int8=URL,...")
+    chk.add_argument("--spec", default=None, help="with --serving: floors (tiers.yaml)")
     pol = sub.add_parser("policy", help="routing policy tools")
     pol_sub = pol.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
     pol_chk = pol_sub.add_parser("check", help="validate a routing policy as the gateway would")
@@ -147,6 +160,39 @@ def _soak(args: argparse.Namespace) -> int:
     return 0 if result.lost == 0 else 1
 
 
+def _serving_check(args: argparse.Namespace) -> int:
+    """``check --serving``: the admission check of ``up`` on running tiers, on demand. Exit 0
+    when every tier passes every category, 1 when one does not (or the reference fails)."""
+    try:
+        tiers = eval_cli.parse_tiers(args.tier_urls, args.tier_base, args.tier_names)
+        spec = load_spec(args.spec or DEFAULT_SPEC).admission
+        if spec.reference not in tiers:
+            raise eval_cli.UsageError(f"the reference tier {spec.reference} is not among them")
+    except (eval_cli.UsageError, SpecError) as exc:
+        print(f"model-optimizer: error: {exc}", file=sys.stderr)
+        return 2
+    opts = CheckOptions(
+        tiers=tiers,
+        reference=spec.reference,
+        floors={str(k): v for k, v in spec.floors.items()},
+        max_tokens=spec.max_tokens,
+    )
+    try:
+        result = run_serving_check(opts, admission_probes())
+    except EndpointError as exc:
+        print(f"model-optimizer: error: {exc}", file=sys.stderr)
+        return 1
+    if result.reference_problems:
+        print(
+            f"check: the reference {spec.reference} answers wrong: {result.reference_problems[0]}",
+            file=sys.stderr,
+        )
+        return 1
+    for verdict in result.verdicts.values():
+        print(f"check: {verdict.summary()}")
+    return 0 if all(v.passed for v in result.verdicts.values()) else 1
+
+
 def _policy_check(args: argparse.Namespace) -> int:
     """``policy check FILE [--deploy SPEC]``: the gateway's own load path, offline."""
     try:
@@ -181,6 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "optimize":
         return _optimize(args)
+    if args.command == "check" and args.serving:
+        return _serving_check(args)
+    if args.command == "check" and args.variant is None:
+        print("model-optimizer: error: check needs --variant DIR (or --serving)", file=sys.stderr)
+        return 2
     if args.command == "check":
         return run_check(args.model, args.variant, args.recipe)
     if args.command == "policy":

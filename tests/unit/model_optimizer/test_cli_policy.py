@@ -106,3 +106,17 @@ def test_policy_needs_an_action(capsys: pytest.CaptureFixture[str]) -> None:
         main(["policy"])
     assert info.value.code == 2
     assert "ACTION" in capsys.readouterr().err
+
+
+def test_check_without_a_variant_or_serving_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["check"]) == 2
+    assert "check needs --variant DIR (or --serving)" in capsys.readouterr().err
+
+
+def test_check_serving_with_a_reference_not_among_the_tiers_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["check", "--serving", "--tier-urls", "int8=http://127.0.0.1:9"]) == 2
+    assert "reference tier fp16 is not among them" in capsys.readouterr().err
