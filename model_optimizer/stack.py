@@ -45,6 +45,7 @@ from model_optimizer.serving_check import (
     cache_file,
     load_cached,
     machine_identity,
+    measure_speeds,
     print_admission,
     save,
     variant_digest,
@@ -202,6 +203,9 @@ def phase_admission(
         supervisor.replace(launch.name, launch)
 
     launches, admission = admit(launches, spec, admission_probes(), emulate, restart, _say)
+    _say("measuring each tier's speed (measure/speed.py) ...")
+    speeds = measure_speeds(launches, launches[0].model_dir)
+    admission = dataclasses.replace(admission, speeds=speeds)
     save(key, admission)
     print_admission(admission)
     return launches, admission
