@@ -27,7 +27,6 @@ from gateway.classify import CompiledClasses
 from gateway.config import GatewayConfig
 from gateway.errors import exception_handlers
 from gateway.health import healthz, readyz
-from gateway.leader import LeaderLock
 from gateway.limits import TokenCounter
 from gateway.metrics import GatewayMetrics
 from gateway.openapi import openapi_document
@@ -36,7 +35,8 @@ from gateway.policy_store import ActivePolicy, PolicyStore
 from gateway.proxy import chat_completions, completions, list_models
 from gateway.resets import ResetCoordinator, apply_shared_marks
 from gateway.shadow import ShadowSampler, encoder
-from gateway.shared import SharedRecords, SharedState
+from gateway.shared.leader import LeaderLock
+from gateway.shared.state import SharedRecords, SharedState
 from gateway.state import Admission, FixedPolicy, PolicySource, Runtime, default_policy, get_runtime
 from gateway.telemetry import build_tracer_provider, instrument_asgi, shutdown
 from gateway.tier_memory import TierMemory, TierPids

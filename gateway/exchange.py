@@ -4,7 +4,7 @@ An ``Exchange`` is created when a completion request arrives and finished exactl
 its answer is complete (a streamed answer finishes when the stream ends, however it ends).
 Finishing records the Prometheus series (gateway/metrics.py), ends the request's span with its
 attributes (gateway/telemetry.py) and releases the tier's in-flight slot in the shared state
-(gateway/shared.py). ``SSECounter`` watches a relayed stream for the usage object vLLM sends
+(gateway/shared/state.py). ``SSECounter`` watches a relayed stream for the usage object vLLM sends
 when asked, and otherwise counts the events that carry choices (one token each in vLLM).
 """
 
@@ -20,7 +20,7 @@ import anyio
 from opentelemetry.trace import Span, Status, StatusCode
 
 from gateway.metrics import GatewayMetrics
-from gateway.shared import SharedState
+from gateway.shared.state import SharedState
 from gateway.telemetry import (
     ATTR_CLASS,
     ATTR_FALLBACKS,

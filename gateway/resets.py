@@ -1,8 +1,9 @@
 """KV-pool resets in quiet windows, led by one gateway replica at a time.
 
 Every replica runs ``ResetCoordinator.run``; each tick it tracks how long traffic across all
-replicas (gateway/shared.py's per-second counts) has stayed under the policy's ``quiet.max_rps``.
-Only the holder of the Redis leader lock (gateway/leader.py, with a fencing token) acts:
+replicas (gateway/shared/state.py's per-second counts) has stayed under the policy's
+``quiet.max_rps``. Only the holder of the Redis leader lock (gateway/shared/leader.py, with a
+fencing token) acts:
 
 1. it picks at most one tier (gateway/reset_schedule.py: window, quiet, interval, triggers,
    never a tier whose class would be left with no ready tier, never two at once), or the tier
@@ -33,9 +34,9 @@ from dataclasses import asdict, dataclass
 import anyio
 
 from backends.client import TierClient, TierClientError
-from gateway.leader import LeaderLock
 from gateway.reset_schedule import ResetDecision, TierResetState, choose_reset
-from gateway.shared import SharedRecords
+from gateway.shared.leader import LeaderLock
+from gateway.shared.state import SharedRecords
 from gateway.state import Runtime
 from gateway.ttft_drift import TtftDrift
 

@@ -15,7 +15,7 @@ from gateway.plan import PromptCounter
 from gateway.policy import CLASS_NAMES, RoutingPolicy
 from gateway.policy_store import ActivePolicy
 from gateway.shadow import ShadowSampler
-from gateway.shared import SharedState
+from gateway.shared.state import SharedState
 from gateway.tier_memory import TierMemory
 from gateway.tier_status import TierBoard
 from gateway.upstream import Upstream

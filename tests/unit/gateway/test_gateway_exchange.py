@@ -7,7 +7,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway.exchange import Exchange, SSECounter, usage_tokens
 from gateway.metrics import GatewayMetrics
-from gateway.shared import SharedState
+from gateway.shared.state import SharedState
 from gateway.telemetry import build_tracer_provider
 
 

@@ -14,12 +14,12 @@ import pytest
 import redis
 
 from backends.process import free_port
-from gateway.shared import RateDecision, SharedState
-from gateway.shared_lua import INFLIGHT
+from gateway.shared.lua import INFLIGHT
+from gateway.shared.state import RateDecision, SharedState
 from tests.redis_server import ping, start_redis, stop
 
 T = TypeVar("T")
-LOGGER = "gateway.shared"
+LOGGER = "gateway.shared.state"
 
 
 class Clock:

@@ -16,11 +16,11 @@ import pytest
 import redis
 
 from backends.process import free_port
-from gateway.leader import LeaderLock
+from gateway.shared.leader import LeaderLock
 from tests.redis_server import ping, redis_command, start_redis
 
 T = TypeVar("T")
-LOGGER = "gateway.leader"
+LOGGER = "gateway.shared.leader"
 URL = "redis://127.0.0.1:6379/0"
 
 

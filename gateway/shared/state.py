@@ -48,7 +48,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
-from gateway.shared_lua import INFLIGHT, RATE_LIMIT
+from gateway.shared.lua import INFLIGHT, RATE_LIMIT
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

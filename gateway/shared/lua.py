@@ -1,4 +1,4 @@
-"""The Lua scripts gateway/shared.py runs in Redis (each is one atomic round trip).
+"""The Lua scripts gateway/shared/state.py runs in Redis (each is one atomic round trip).
 
 ``INFLIGHT``: write one replica's in-flight snapshot unless a newer one (higher sequence number
 from the same owner) is already there, refresh its expiry and the replica registry, and count a
