@@ -46,7 +46,7 @@ from gateway.classify import (  # noqa: E402
     classify,
 )
 from gateway.limits import TokenCounter, TokenizerError, read_chat_template  # noqa: E402
-from gateway.policy import PolicyError, load_policy  # noqa: E402
+from gateway.policy.schema import PolicyError, load_policy  # noqa: E402
 from measure.eval_data import VICUNA  # noqa: E402
 from model_optimizer.envs import cache_root  # noqa: E402
 

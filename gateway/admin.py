@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.errors import APIError
-from gateway.policy_store import PolicyStore
+from gateway.policy.store import PolicyStore
 from gateway.resets import ResetCoordinator
 from gateway.state import get_runtime
 

@@ -31,7 +31,7 @@ from gateway.limits import TokenCounter
 from gateway.metrics import GatewayMetrics
 from gateway.openapi import openapi_document
 from gateway.plan import ByteCounter, PromptCounter
-from gateway.policy_store import ActivePolicy, PolicyStore
+from gateway.policy.store import ActivePolicy, PolicyStore
 from gateway.proxy import chat_completions, completions, list_models
 from gateway.resets import ResetCoordinator, apply_shared_marks
 from gateway.shadow import ShadowSampler, encoder

@@ -1,6 +1,6 @@
 """The request classifier: prompt text + tokens → ``tolerant`` | ``code`` | ``math`` | ``long``.
 
-Pure and deterministic. The rules are the policy's ``classes`` section (gateway/policy.py):
+Pure and deterministic. The rules are the policy's ``classes`` section (gateway/policy/schema.py):
 
 1. ``long`` when the prompt has at least ``long.min_tokens`` tokens;
 2. else ``code`` and ``math`` each add up weighted signals (keywords, a task phrase, named
@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.policy import ClassesPolicy, CodeRule, MathRule, Pattern, TaskRule
+from gateway.policy.schema import ClassesPolicy, CodeRule, MathRule, Pattern, TaskRule
 
 TOLERANT, CODE, MATH, LONG = "tolerant", "code", "math", "long"
 _FENCE = r"\n[ \t]*(?:```|~~~)"

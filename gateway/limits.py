@@ -34,7 +34,7 @@ from typing import Any, Literal
 from tokenizers import Tokenizer
 
 from gateway.classify import content_texts
-from gateway.policy import LimitsPolicy
+from gateway.policy.schema import LimitsPolicy
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 INVALID_VALUE = "invalid_value"

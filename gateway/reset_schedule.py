@@ -32,7 +32,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from gateway.policy import CLASS_NAMES, ResetsPolicy, ResetWindow, RoutesPolicy, RoutingPolicy
+from gateway.policy.schema import (
+    CLASS_NAMES,
+    ResetsPolicy,
+    ResetWindow,
+    RoutesPolicy,
+    RoutingPolicy,
+)
 
 READY = "ready"
 BUSY = ("draining", "resetting")

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gateway.policy import RoutingPolicy
+from gateway.policy.schema import RoutingPolicy
 
 READY = "ready"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"

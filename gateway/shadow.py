@@ -46,7 +46,7 @@ from gateway.errors import APIError
 from gateway.limits import TokenCounter
 from gateway.metrics import GatewayMetrics
 from gateway.plan import PromptCounter
-from gateway.policy import ShadowPolicy
+from gateway.policy.schema import ShadowPolicy
 from gateway.telemetry import ATTR_TIER, inject_trace_headers
 from gateway.tier_status import TierBoard
 from gateway.upstream import Upstream

@@ -12,8 +12,8 @@ from starlette.requests import Request
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 from gateway.plan import PromptCounter
-from gateway.policy import CLASS_NAMES, RoutingPolicy
-from gateway.policy_store import ActivePolicy
+from gateway.policy.schema import CLASS_NAMES, RoutingPolicy
+from gateway.policy.store import ActivePolicy
 from gateway.shadow import ShadowSampler
 from gateway.shared.state import SharedState
 from gateway.tier_memory import TierMemory
@@ -22,7 +22,7 @@ from gateway.upstream import Upstream
 
 
 class PolicySource(Protocol):
-    """Where the current routing policy comes from (gateway/policy_store.py, or a fixed one)."""
+    """Where the current routing policy comes from (gateway/policy/store.py, or a fixed one)."""
 
     @property
     def active(self) -> ActivePolicy: ...

@@ -11,7 +11,7 @@ import sys
 
 from backends.process import TierStartError
 from backends.spec import SpecError
-from gateway.policy import PolicyError
+from gateway.policy.schema import PolicyError
 from model_optimizer import __version__
 from model_optimizer.models import AlreadyReported, ModelError
 
@@ -155,8 +155,8 @@ def _soak(args: argparse.Namespace) -> int:
 def _policy_check(args: argparse.Namespace) -> int:
     """``policy check FILE [--deploy SPEC]``: the gateway's own load path, offline."""
     from backends.spec import load_spec
-    from gateway.policy import CLASS_NAMES, PolicyError
-    from gateway.policy_store import PolicyStore
+    from gateway.policy.schema import CLASS_NAMES, PolicyError
+    from gateway.policy.store import PolicyStore
 
     try:
         known = [tier.name for tier in load_spec(args.deploy).tiers] if args.deploy else None

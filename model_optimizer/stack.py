@@ -31,7 +31,7 @@ from backends.supervisor import RestartPolicy, Supervisor
 from backends.vllm_args import LOOPBACK, TierLaunch
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint, keys_from_environment
-from gateway.policy_store import PolicyStore
+from gateway.policy.store import PolicyStore
 from model_optimizer.envs import ROOT, cache_root, env_python, has_nvidia_gpu
 from model_optimizer.models import AlreadyReported, ModelError
 from model_optimizer.optimize import installed_vllm, run_in_optimize_env, run_optimize

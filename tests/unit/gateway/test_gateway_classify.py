@@ -17,7 +17,7 @@ from gateway.classify import (
     request_text,
     required_literals,
 )
-from gateway.policy import ClassesPolicy, load_policy, parse_policy
+from gateway.policy.schema import ClassesPolicy, load_policy, parse_policy
 
 ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = load_policy(ROOT / "policies" / "routing.yaml").classes

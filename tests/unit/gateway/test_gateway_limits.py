@@ -13,7 +13,7 @@ from gateway.limits import (
     check_limits,
     read_chat_template,
 )
-from gateway.policy import LimitsPolicy
+from gateway.policy.schema import LimitsPolicy
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 LLAMA_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]

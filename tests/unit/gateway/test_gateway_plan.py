@@ -10,7 +10,7 @@ from gateway.classify import CompiledClasses
 from gateway.errors import APIError
 from gateway.limits import TokenCounter
 from gateway.plan import ByteCounter, Plan, count_prompt, plan_request, route_headers
-from gateway.policy import RoutingPolicy, load_policy
+from gateway.policy.schema import RoutingPolicy, load_policy
 from gateway.router import TierStatus
 from model_optimizer.envs import ROOT
 from tests.unit.gateway.tier_statuses import tier_statuses

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.policy import ResetsPolicy, ResetWindow, RoutingPolicy, parse_policy
+from gateway.policy.schema import ResetsPolicy, ResetWindow, RoutingPolicy, parse_policy
 from gateway.reset_schedule import (
     ResetDecision,
     TierResetState,

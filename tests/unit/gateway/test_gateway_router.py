@@ -2,7 +2,7 @@ from typing import Any
 
 import pytest
 
-from gateway.policy import RoutingPolicy, parse_policy
+from gateway.policy.schema import RoutingPolicy, parse_policy
 from gateway.router import (
     CONTEXT_LENGTH_EXCEEDED,
     NO_ROUTE,

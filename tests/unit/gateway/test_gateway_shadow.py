@@ -19,7 +19,7 @@ from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint
 from gateway.limits import TokenCounter
 from gateway.plan import ByteCounter
-from gateway.policy import PolicyError, ShadowPolicy, parse_policy
+from gateway.policy.schema import PolicyError, ShadowPolicy, parse_policy
 from gateway.shadow import (
     COMPARE,
     SKIP,

@@ -2,9 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy import PolicyError, RoutingPolicy, load_policy, parse_policy
+from gateway.policy.schema import PolicyError, RoutingPolicy, load_policy, parse_policy
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 DEFAULT = ROOT / "policies" / "routing.yaml"
 MINIMAL = """\
 tiers: [fp16, int8, int4]

@@ -15,8 +15,8 @@ import anyio
 import pytest
 
 from gateway.classify import CompiledClasses
-from gateway.policy import PolicyError, parse_policy
-from gateway.policy_store import PolicyStore
+from gateway.policy.schema import PolicyError, parse_policy
+from gateway.policy.store import PolicyStore
 
 KNOWN = ("fp16", "int8", "int4")
 GOOD = """\
@@ -33,7 +33,7 @@ UNKNOWN_TIER = GOOD.replace("int4", "int2").replace(
     "tiers: [fp16, int8, int2]\n", "tiers:\n  - fp16\n  - int8\n  - int2\n", 1
 )
 WAIT = 2.0  # a change must be reloaded within this many seconds
-LOGGER = "gateway.policy_store"
+LOGGER = "gateway.policy.store"
 
 
 class Clock:
@@ -103,7 +103,7 @@ def test_load_serves_the_file(policy_file: Path, clock: Clock) -> None:
 
 
 def test_the_shipped_policy_loads_against_the_shipped_tiers() -> None:
-    shipped = Path(__file__).resolve().parents[3] / "policies" / "routing.yaml"
+    shipped = Path(__file__).resolve().parents[4] / "policies" / "routing.yaml"
     assert PolicyStore(shipped, KNOWN).load().policy.tiers == list(KNOWN)
 
 

@@ -18,7 +18,7 @@
   each change to the file, debounced; it ends when ``stop_event`` is set or it is cancelled.
 - ``status()`` is what ``GET /admin/policy`` shows.
 
-``known_tiers`` is checked by ``gateway.policy.parse_policy``, the code path of
+``known_tiers`` is checked by ``gateway.policy.schema.parse_policy``, the code path of
 ``model-optimizer policy check`` too.
 """
 
@@ -36,7 +36,7 @@ from typing import Any, Literal, Protocol
 from watchfiles import Change, awatch
 
 from gateway.classify import CompiledClasses
-from gateway.policy import PolicyError, RoutingPolicy, parse_policy
+from gateway.policy.schema import PolicyError, RoutingPolicy, parse_policy
 
 Outcome = Literal["applied", "rejected", "unchanged"]
 # Kubernetes' AtomicWriter updates a mounted ConfigMap by swapping this symlink; the policy

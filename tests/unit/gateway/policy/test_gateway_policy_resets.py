@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy import PolicyError, ResetsPolicy, load_policy, parse_policy
+from gateway.policy.schema import PolicyError, ResetsPolicy, load_policy, parse_policy
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 SHIPPED = ROOT / "policies" / "routing.yaml"
 MINIMAL = """\
 tiers: [fp16, int8, int4]
