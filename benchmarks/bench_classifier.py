@@ -35,7 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway.classify import (  # noqa: E402
+from gateway.policy.schema import PolicyError, load_policy  # noqa: E402
+from gateway.request.classify import (  # noqa: E402
     _LETTERS_AND_SPACE,
     CODE,
     LONG,
@@ -45,8 +46,7 @@ from gateway.classify import (  # noqa: E402
     _Scan,
     classify,
 )
-from gateway.limits import TokenCounter, TokenizerError, read_chat_template  # noqa: E402
-from gateway.policy.schema import PolicyError, load_policy  # noqa: E402
+from gateway.request.limits import TokenCounter, TokenizerError, read_chat_template  # noqa: E402
 from measure.eval_data import VICUNA  # noqa: E402
 from model_optimizer.envs import cache_root  # noqa: E402
 

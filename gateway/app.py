@@ -23,16 +23,17 @@ from starlette.routing import Route
 
 from gateway.admin import admin_routes
 from gateway.auth import AuthMiddleware
-from gateway.classify import CompiledClasses
 from gateway.config import GatewayConfig
 from gateway.errors import exception_handlers
 from gateway.health import healthz, readyz
-from gateway.limits import TokenCounter
 from gateway.metrics import GatewayMetrics
 from gateway.openapi import openapi_document
-from gateway.plan import ByteCounter, PromptCounter
 from gateway.policy.store import ActivePolicy, PolicyStore
-from gateway.proxy import chat_completions, completions, list_models
+from gateway.request.classify import CompiledClasses
+from gateway.request.limits import TokenCounter
+from gateway.request.plan import ByteCounter, PromptCounter
+from gateway.request.proxy import chat_completions, completions, list_models
+from gateway.request.upstream import Upstream
 from gateway.resets import ResetCoordinator, apply_shared_marks
 from gateway.shadow import ShadowSampler, encoder
 from gateway.shared.leader import LeaderLock
@@ -42,7 +43,6 @@ from gateway.telemetry import build_tracer_provider, instrument_asgi, shutdown
 from gateway.tier_memory import TierMemory, TierPids
 from gateway.tier_signals import derive_signals
 from gateway.tier_status import TierBoard, TierStates, scrape_tier
-from gateway.upstream import Upstream
 
 logger = logging.getLogger(__name__)
 

@@ -43,13 +43,13 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, Tracer
 
 from gateway.errors import APIError
-from gateway.limits import TokenCounter
 from gateway.metrics import GatewayMetrics
-from gateway.plan import PromptCounter
 from gateway.policy.schema import ShadowPolicy
+from gateway.request.limits import TokenCounter
+from gateway.request.plan import PromptCounter
+from gateway.request.upstream import Upstream
 from gateway.telemetry import ATTR_TIER, inject_trace_headers
 from gateway.tier_status import TierBoard
-from gateway.upstream import Upstream
 
 logger = logging.getLogger(__name__)
 

@@ -11,14 +11,14 @@ from starlette.requests import Request
 
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
-from gateway.plan import PromptCounter
 from gateway.policy.schema import CLASS_NAMES, RoutingPolicy
 from gateway.policy.store import ActivePolicy
+from gateway.request.plan import PromptCounter
+from gateway.request.upstream import Upstream
 from gateway.shadow import ShadowSampler
 from gateway.shared.state import SharedState
 from gateway.tier_memory import TierMemory
 from gateway.tier_status import TierBoard
-from gateway.upstream import Upstream
 
 
 class PolicySource(Protocol):

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from backends.metrics import MetricsParseError, TierMetrics, parse_metrics
 from gateway.config import TierEndpoint
 from gateway.errors import APIError
-from gateway.router import READY, TierStatus
-from gateway.upstream import Upstream, aclose_quietly
+from gateway.request.router import READY, TierStatus
+from gateway.request.upstream import Upstream, aclose_quietly
 
 TierStates = Callable[[], Mapping[str, str]]
 DOWN = "down"

@@ -35,8 +35,8 @@ from typing import Any, Literal, Protocol
 
 from watchfiles import Change, awatch
 
-from gateway.classify import CompiledClasses
 from gateway.policy.schema import PolicyError, RoutingPolicy, parse_policy
+from gateway.request.classify import CompiledClasses
 
 Outcome = Literal["applied", "rejected", "unchanged"]
 # Kubernetes' AtomicWriter updates a mounted ConfigMap by swapping this symlink; the policy

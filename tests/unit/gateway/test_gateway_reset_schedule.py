@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.policy.schema import ResetsPolicy, ResetWindow, RoutingPolicy, parse_policy
+from gateway.request.router import TierStatus
 from gateway.reset_schedule import (
     ResetDecision,
     TierResetState,
@@ -16,7 +17,6 @@ from gateway.reset_schedule import (
     last_ready_for_a_class,
     window_open,
 )
-from gateway.router import TierStatus
 
 BASE = """\
 tiers: [fp16, int8, int4]

@@ -17,9 +17,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint
-from gateway.limits import TokenCounter
-from gateway.plan import ByteCounter
 from gateway.policy.schema import PolicyError, ShadowPolicy, parse_policy
+from gateway.request.limits import TokenCounter
+from gateway.request.plan import ByteCounter
 from gateway.shadow import (
     COMPARE,
     SKIP,

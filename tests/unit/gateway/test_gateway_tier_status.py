@@ -13,8 +13,8 @@ from starlette.routing import Route
 
 from backends.metrics import TierMetrics
 from gateway.config import TierEndpoint
+from gateway.request.upstream import Upstream
 from gateway.tier_status import Scrape, TierBoard, scrape_tier
-from gateway.upstream import Upstream
 
 DATA = Path(__file__).parents[1] / "backends" / "data"
 TIERS = [

@@ -14,9 +14,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from gateway.classify import CompiledClasses
 from gateway.policy.schema import PolicyError, parse_policy
 from gateway.policy.store import PolicyStore
+from gateway.request.classify import CompiledClasses
 
 KNOWN = ("fp16", "int8", "int4")
 GOOD = """\

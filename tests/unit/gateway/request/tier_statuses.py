@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.router import TierStatus
+from gateway.request.router import TierStatus
 
 TIERS = ["fp16", "int8", "int4"]
 

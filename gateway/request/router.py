@@ -8,7 +8,8 @@ route's order, and drops the ones that cannot take the request now:
 - saturated: ``requests_waiting`` or ``kv_usage`` above the policy's ``saturation`` thresholds;
 - too short: ``input_tokens`` + the completion tokens that must fit exceed ``max_model_len``
   (the whole ``max_tokens`` when the policy rejects an oversized one, one token when it clamps,
-  since gateway/limits.py then lowers it), or above the tier's ``limits.tier_max_input_tokens``.
+  since gateway/request/limits.py then lowers it), or above the tier's
+  ``limits.tier_max_input_tokens``.
 
 A ``most_free_kv`` route orders the remaining tiers by KV-cache usage, lowest first (the route's
 order breaks ties). The first tier of the chain answers; the next ones take over on a connect
@@ -57,7 +58,7 @@ class TierStatus:
 class RouteRequest:
     """The request as routing sees it."""
 
-    cls: str  # tolerant | code | math | long (gateway/classify.py)
+    cls: str  # tolerant | code | math | long (gateway/request/classify.py)
     input_tokens: int  # prompt tokens, chat template applied
     max_tokens: int | None = None  # as the client asked (None: not given)
     pinned: str | None = None  # tier named by the pinning header
@@ -163,7 +164,7 @@ def _output_reserve(request: RouteRequest, policy: RoutingPolicy) -> int:
     """Completion tokens that must fit beside the prompt on a tier."""
     if request.max_tokens is not None and policy.limits.on_max_tokens_too_large == "reject":
         return max(request.max_tokens, 1)
-    return 1  # clamping (gateway/limits.py) fits max_tokens to whatever room is left
+    return 1  # clamping (gateway/request/limits.py) fits max_tokens to whatever room is left
 
 
 def _saturated(status: TierStatus, policy: RoutingPolicy) -> str:

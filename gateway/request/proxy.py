@@ -1,8 +1,8 @@
 """OpenAI API endpoints: read the request, plan it, relay the chosen tier's answer.
 
 A completion request goes: body (size-limited, JSON object, served model) → ``assess``
-(tokens, class) → ``plan_route`` (tiers and ``max_tokens``; gateway/plan.py) → the chain of
-tiers (gateway/relay.py), inside a ``gateway.request`` span with ``classify``, ``route`` and
+(tokens, class) → ``plan_route`` (tiers and ``max_tokens``; gateway/request/plan.py) → the chain of
+tiers (gateway/request/relay.py), inside a ``gateway.request`` span with ``classify``, ``route`` and
 ``upstream`` children. Every answer carries ``x-route-class``, ``x-route-tier`` and
 ``x-route-reason``; errors keep OpenAI's shape.
 """
@@ -21,18 +21,18 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.errors import SERVER_ERROR, APIError
-from gateway.exchange import Exchange, usage_tokens
-from gateway.plan import assess, plan_route, route_headers
-from gateway.relay import (
+from gateway.request.exchange import Exchange, usage_tokens
+from gateway.request.plan import assess, plan_route, route_headers
+from gateway.request.relay import (
     UpstreamStreamingResponse,
     open_chain,
     unless_client_leaves,
     whole_response,
 )
+from gateway.request.upstream import aclose_quietly
 from gateway.shadow import ShadowJob
 from gateway.state import Runtime, get_runtime
 from gateway.telemetry import ATTR_CLASS, ATTR_INPUT_TOKENS, ATTR_REASON, inject_trace_headers
-from gateway.upstream import aclose_quietly
 
 logger = logging.getLogger(__name__)
 

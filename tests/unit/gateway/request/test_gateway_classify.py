@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.classify import (
+from gateway.policy.schema import ClassesPolicy, load_policy, parse_policy
+from gateway.request.classify import (
     _LETTERS_AND_SPACE,
     CODE,
     LONG,
@@ -17,9 +18,8 @@ from gateway.classify import (
     request_text,
     required_literals,
 )
-from gateway.policy.schema import ClassesPolicy, load_policy, parse_policy
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 SHIPPED = load_policy(ROOT / "policies" / "routing.yaml").classes
 ROUTES = """\
 tiers: [fp16]

@@ -16,13 +16,13 @@ from starlette.types import Message
 
 from gateway.config import TierEndpoint
 from gateway.errors import APIError
-from gateway.proxy import (
+from gateway.request.proxy import (
     UpstreamStreamingResponse,
     check_model,
     parse_json_object,
     wants_stream,
 )
-from gateway.upstream import Upstream
+from gateway.request.upstream import Upstream
 
 MODEL = "stub-model"  # what the stub tier serves (conftest.StubTier)
 WAIT = 10.0

@@ -25,8 +25,8 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.config import TierEndpoint
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError, error_body, sse_error_event
-from gateway.exchange import Exchange, SSECounter
-from gateway.upstream import Upstream, UpstreamUnavailable, aclose_quietly
+from gateway.request.exchange import Exchange, SSECounter
+from gateway.request.upstream import Upstream, UpstreamUnavailable, aclose_quietly
 
 logger = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import anyio
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from gateway.exchange import Exchange, SSECounter, usage_tokens
 from gateway.metrics import GatewayMetrics
+from gateway.request.exchange import Exchange, SSECounter, usage_tokens
 from gateway.shared.state import SharedState
 from gateway.telemetry import build_tracer_provider
 

@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 
-from gateway.classify import CompiledClasses
 from gateway.errors import APIError
-from gateway.limits import TokenCounter
-from gateway.plan import ByteCounter, Plan, count_prompt, plan_request, route_headers
 from gateway.policy.schema import RoutingPolicy, load_policy
-from gateway.router import TierStatus
+from gateway.request.classify import CompiledClasses
+from gateway.request.limits import TokenCounter
+from gateway.request.plan import ByteCounter, Plan, count_prompt, plan_request, route_headers
+from gateway.request.router import TierStatus
 from model_optimizer.envs import ROOT
-from tests.unit.gateway.tier_statuses import tier_statuses
+from tests.unit.gateway.request.tier_statuses import tier_statuses
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

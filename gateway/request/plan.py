@@ -10,10 +10,10 @@ come from gateway/tier_status.py and the policy from gateway/policy/store.py.
 
 Order of the checks (policies/routing.yaml explains each knob):
 1. the prompt is counted with the model's tokenizer (chat template applied);
-2. the classifier names its class (gateway/classify.py);
+2. the classifier names its class (gateway/request/classify.py);
 3. a prompt over ``limits.max_input_tokens`` is refused or re-classed ``long``;
 4. the route of the class gives the tiers that are ready, unsaturated and long enough
-   (gateway/router.py); a pin header replaces the route when the policy allows it;
+   (gateway/request/router.py); a pin header replaces the route when the policy allows it;
 5. each tier's ``max_tokens`` is checked against its ``max_model_len`` (clamped or refused).
 """
 
@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gateway.classify import CompiledClasses, classify, content_texts, request_text
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError
-from gateway.limits import check_limits, check_prompt
 from gateway.policy.schema import RoutingPolicy
-from gateway.router import (
+from gateway.request.classify import CompiledClasses, classify, content_texts, request_text
+from gateway.request.limits import check_limits, check_prompt
+from gateway.request.router import (
     CONTEXT_LENGTH_EXCEEDED,
     UNKNOWN_TIER,
     RouteDecision,
@@ -41,7 +41,7 @@ CHAT = "/v1/chat/completions"
 
 
 class PromptCounter(Protocol):
-    """What counting needs (gateway/limits.py ``TokenCounter`` or ``ByteCounter``)."""
+    """What counting needs (gateway/request/limits.py ``TokenCounter`` or ``ByteCounter``)."""
 
     def count_text(self, text: str) -> int: ...
 

@@ -3,7 +3,7 @@ from typing import Any
 import pytest
 
 from gateway.policy.schema import RoutingPolicy, parse_policy
-from gateway.router import (
+from gateway.request.router import (
     CONTEXT_LENGTH_EXCEEDED,
     NO_ROUTE,
     NO_TIER_AVAILABLE,
@@ -13,7 +13,7 @@ from gateway.router import (
     TierStatus,
     choose_tier,
 )
-from tests.unit.gateway.tier_statuses import TIERS, tier_statuses
+from tests.unit.gateway.request.tier_statuses import TIERS, tier_statuses
 
 POLICY = """\
 tiers: [fp16, int8, int4]

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from gateway.config import TierEndpoint
-from gateway.upstream import (
+from gateway.request.upstream import (
     Upstream,
     UpstreamFailed,
     UpstreamTimeout,

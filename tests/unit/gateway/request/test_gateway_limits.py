@@ -5,7 +5,8 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from gateway.limits import (
+from gateway.policy.schema import LimitsPolicy
+from gateway.request.limits import (
     CONTEXT_LENGTH_EXCEEDED,
     INVALID_VALUE,
     TokenCounter,
@@ -13,7 +14,6 @@ from gateway.limits import (
     check_limits,
     read_chat_template,
 )
-from gateway.policy.schema import LimitsPolicy
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 LLAMA_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]

@@ -33,8 +33,8 @@ from typing import Any, Literal
 
 from tokenizers import Tokenizer
 
-from gateway.classify import content_texts
 from gateway.policy.schema import LimitsPolicy
+from gateway.request.classify import content_texts
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 INVALID_VALUE = "invalid_value"
