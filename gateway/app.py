@@ -24,6 +24,11 @@ from starlette.routing import Route
 from gateway.admin import admin_routes
 from gateway.auth import AuthMiddleware
 from gateway.config import GatewayConfig
+from gateway.control.resets import ResetCoordinator, apply_shared_marks
+from gateway.control.shadow import ShadowSampler, encoder
+from gateway.control.tier_memory import TierMemory, TierPids
+from gateway.control.tier_signals import derive_signals
+from gateway.control.tier_status import TierBoard, TierStates, scrape_tier
 from gateway.errors import exception_handlers
 from gateway.health import healthz, readyz
 from gateway.metrics import GatewayMetrics
@@ -34,15 +39,10 @@ from gateway.request.limits import TokenCounter
 from gateway.request.plan import ByteCounter, PromptCounter
 from gateway.request.proxy import chat_completions, completions, list_models
 from gateway.request.upstream import Upstream
-from gateway.resets import ResetCoordinator, apply_shared_marks
-from gateway.shadow import ShadowSampler, encoder
 from gateway.shared.leader import LeaderLock
 from gateway.shared.state import SharedRecords, SharedState
 from gateway.state import Admission, FixedPolicy, PolicySource, Runtime, default_policy, get_runtime
 from gateway.telemetry import build_tracer_provider, instrument_asgi, shutdown
-from gateway.tier_memory import TierMemory, TierPids
-from gateway.tier_signals import derive_signals
-from gateway.tier_status import TierBoard, TierStates, scrape_tier
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def create_app(
 
     ``tier_states`` returns each tier's state as its supervisor sees it; without it, tiers are
     judged by their scrapes alone. ``tier_pids`` returns each tier's root process (the
-    supervisor's); without it, loopback tiers are found by port (gateway/tier_memory.py).
+    supervisor's); without it, loopback tiers are found by port (gateway/control/tier_memory.py).
     ``span_exporter`` replaces the ``OTEL_*``-configured exporters (tests pass an in-memory one).
     """
     provider = build_tracer_provider(span_exporter)

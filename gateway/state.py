@@ -10,15 +10,15 @@ from opentelemetry.trace import Tracer
 from starlette.requests import Request
 
 from gateway.config import GatewayConfig
+from gateway.control.shadow import ShadowSampler
+from gateway.control.tier_memory import TierMemory
+from gateway.control.tier_status import TierBoard
 from gateway.metrics import GatewayMetrics
 from gateway.policy.schema import CLASS_NAMES, RoutingPolicy
 from gateway.policy.store import ActivePolicy
 from gateway.request.plan import PromptCounter
 from gateway.request.upstream import Upstream
-from gateway.shadow import ShadowSampler
 from gateway.shared.state import SharedState
-from gateway.tier_memory import TierMemory
-from gateway.tier_status import TierBoard
 
 
 class PolicySource(Protocol):

@@ -6,7 +6,7 @@ clamped value, the client's own, or ``None`` to leave the body alone). A request
 served raises ``APIError`` in OpenAI's shape: 400 for the client's mistakes (malformed
 messages, ``context_length_exceeded``, oversized ``max_tokens`` when the policy rejects), 503
 with ``Retry-After`` when no tier can take it now. Nothing here does I/O: the tier statuses
-come from gateway/tier_status.py and the policy from gateway/policy/store.py.
+come from gateway/control/tier_status.py and the policy from gateway/policy/store.py.
 
 Order of the checks (policies/routing.yaml explains each knob):
 1. the prompt is counted with the model's tokenizer (chat template applied);

@@ -20,6 +20,7 @@ from opentelemetry import trace
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.control.shadow import ShadowJob
 from gateway.errors import SERVER_ERROR, APIError
 from gateway.request.exchange import Exchange, usage_tokens
 from gateway.request.plan import assess, plan_route, route_headers
@@ -30,7 +31,6 @@ from gateway.request.relay import (
     whole_response,
 )
 from gateway.request.upstream import aclose_quietly
-from gateway.shadow import ShadowJob
 from gateway.state import Runtime, get_runtime
 from gateway.telemetry import ATTR_CLASS, ATTR_INPUT_TOKENS, ATTR_REASON, inject_trace_headers
 
@@ -206,7 +206,7 @@ async def _completion(
 
 
 def offer_shadow(runtime: Runtime, job: ShadowJob) -> None:
-    """Offer an answered request to shadow sampling (gateway/shadow.py); never waits."""
+    """Offer an answered request to shadow sampling (gateway/control/shadow.py); never waits."""
     policy = runtime.policies.active.policy.shadow
     runtime.shadow.offer(policy, job, runtime.admission.current, runtime.admission.limit)
 

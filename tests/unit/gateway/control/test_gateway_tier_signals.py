@@ -18,11 +18,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backends.metrics import parse_metrics
 from gateway.config import TierEndpoint
-from gateway.tier_memory import TierMemory, listening_pid, loopback_port, tree_rss
-from gateway.tier_signals import MemorySample, PeakMemory, derive_signals, kv_tokens_per_request
+from gateway.control.tier_memory import TierMemory, listening_pid, loopback_port, tree_rss
+from gateway.control.tier_signals import (
+    MemorySample,
+    PeakMemory,
+    derive_signals,
+    kv_tokens_per_request,
+)
 from tests.unit.gateway.conftest import MODEL, StubTier
 
-DATA = Path(__file__).parents[1] / "backends" / "data"
+DATA = Path(__file__).parents[2] / "backends" / "data"
 
 
 def scrape(name: str, model: str = "m") -> str:

@@ -17,10 +17,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint
-from gateway.policy.schema import PolicyError, ShadowPolicy, parse_policy
-from gateway.request.limits import TokenCounter
-from gateway.request.plan import ByteCounter
-from gateway.shadow import (
+from gateway.control.shadow import (
     COMPARE,
     SKIP,
     Load,
@@ -32,6 +29,9 @@ from gateway.shadow import (
     shadow_body,
     text_agreement,
 )
+from gateway.policy.schema import PolicyError, ShadowPolicy, parse_policy
+from gateway.request.limits import TokenCounter
+from gateway.request.plan import ByteCounter
 from tests.integration.conftest import wait_until
 from tests.unit.gateway.conftest import MODEL, StubTier
 
@@ -143,7 +143,7 @@ routes: {tolerant: [int4], code: [fp16], math: [fp16], long: [fp16]}
 def test_policy_shadow_defaults_and_checks() -> None:
     default = parse_policy(MINIMAL).shadow
     assert (default.fraction, default.tiers, default.reference) == (0.0, ["int4", "int8"], "fp16")
-    shipped = Path(__file__).resolve().parents[3] / "policies" / "routing.yaml"
+    shipped = Path(__file__).resolve().parents[4] / "policies" / "routing.yaml"
     assert parse_policy(shipped.read_text()).shadow.max_tokens == 64
     with pytest.raises(PolicyError, match=r"t.yaml:5: shadow.tiers\[0\]: unknown tier int2"):
         parse_policy(MINIMAL + "shadow:\n  fraction: 0.1\n  tiers: [int2]\n", "t.yaml")

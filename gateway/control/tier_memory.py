@@ -4,7 +4,7 @@ A tier's root process comes from whoever started it: ``model-optimizer up`` pass
 supervisor's PIDs (``tier_pids``). A gateway started on its own finds a loopback tier's process
 by the TCP port it listens on (psutil); a remote tier's memory is not known here. The tree's
 RSS (root and every descendant: vLLM's API server and its engine core) is read in a worker
-thread once per scrape; the definitions are in gateway/tier_signals.py.
+thread once per scrape; the definitions are in gateway/control/tier_signals.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import anyio.to_thread
 import psutil
 
 from gateway.config import TierEndpoint
-from gateway.tier_signals import MemorySample, PeakMemory
+from gateway.control.tier_signals import MemorySample, PeakMemory
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ replicas (gateway/shared/state.py's per-second counts) has stayed under the poli
 ``quiet.max_rps``. Only the holder of the Redis leader lock (gateway/shared/leader.py, with a
 fencing token) acts:
 
-1. it picks at most one tier (gateway/reset_schedule.py: window, quiet, interval, triggers,
+1. it picks at most one tier (gateway/control/reset_schedule.py: window, quiet, interval, triggers,
    never a tier whose class would be left with no ready tier, never two at once), or the tier
    an operator asked for (``POST /admin/resets/{tier}``, queued for whichever replica leads);
 2. marks it ``draining`` in shared state: every replica's router sends its traffic down the
@@ -34,11 +34,11 @@ from dataclasses import asdict, dataclass
 import anyio
 
 from backends.client import TierClient, TierClientError
-from gateway.reset_schedule import ResetDecision, TierResetState, choose_reset
+from gateway.control.reset_schedule import ResetDecision, TierResetState, choose_reset
+from gateway.control.ttft_drift import TtftDrift
 from gateway.shared.leader import LeaderLock
 from gateway.shared.state import SharedRecords
 from gateway.state import Runtime
-from gateway.ttft_drift import TtftDrift
 
 logger = logging.getLogger(__name__)
 

@@ -42,6 +42,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, Tracer
 
+from gateway.control.tier_status import TierBoard
 from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
 from gateway.policy.schema import ShadowPolicy
@@ -49,7 +50,6 @@ from gateway.request.limits import TokenCounter
 from gateway.request.plan import PromptCounter
 from gateway.request.upstream import Upstream
 from gateway.telemetry import ATTR_TIER, inject_trace_headers
-from gateway.tier_status import TierBoard
 
 logger = logging.getLogger(__name__)
 

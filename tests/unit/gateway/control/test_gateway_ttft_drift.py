@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.ttft_drift import TtftDrift
+from gateway.control.ttft_drift import TtftDrift
 
 INF = float("inf")
 

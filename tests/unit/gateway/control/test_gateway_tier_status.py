@@ -13,10 +13,10 @@ from starlette.routing import Route
 
 from backends.metrics import TierMetrics
 from gateway.config import TierEndpoint
+from gateway.control.tier_status import Scrape, TierBoard, scrape_tier
 from gateway.request.upstream import Upstream
-from gateway.tier_status import Scrape, TierBoard, scrape_tier
 
-DATA = Path(__file__).parents[1] / "backends" / "data"
+DATA = Path(__file__).parents[2] / "backends" / "data"
 TIERS = [
     TierEndpoint(name="fp16", base_url="http://127.0.0.1:1", max_model_len=2048),
     TierEndpoint(name="int4", base_url="http://127.0.0.1:2", max_model_len=1024),

@@ -14,7 +14,7 @@ Definitions (what ``/metrics`` exports as ``gateway_tier_*``, see gateway/metric
 - Preemptions: ``vllm:num_preemptions_total`` mirrored (a counter: it restarts with the tier).
 - Memory: resident set size (RSS) of the tier's whole process tree (vLLM's API server and its
   engine-core process; pages shared between them count in each), sampled every scrape by
-  gateway/tier_memory.py; peak = the largest sample since the tier's root process started.
+  gateway/control/tier_memory.py; peak = the largest sample since the tier's root process started.
   vLLM's own ``process_resident_memory_bytes`` covers its API server process only, which holds
   neither the weights nor the KV pool, so it is not used.
 """

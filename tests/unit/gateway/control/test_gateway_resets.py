@@ -14,7 +14,7 @@ import pytest
 from backends.client import ResetResult, TierClientError
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint
-from gateway.resets import HISTORY, MARKS, ResetCoordinator, apply_shared_marks, parse_marks
+from gateway.control.resets import HISTORY, MARKS, ResetCoordinator, apply_shared_marks, parse_marks
 from gateway.shared.leader import LeaderLock
 from gateway.shared.state import SharedRecords
 from gateway.state import Runtime

@@ -1,4 +1,4 @@
-"""gateway/reset_schedule.py: windows, conditions, the last-ready rule and choose_reset."""
+"""gateway/control/reset_schedule.py: windows, conditions, the last-ready rule and choose_reset."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.policy.schema import ResetsPolicy, ResetWindow, RoutingPolicy, parse_policy
-from gateway.request.router import TierStatus
-from gateway.reset_schedule import (
+from gateway.control.reset_schedule import (
     ResetDecision,
     TierResetState,
     choose_reset,
@@ -17,6 +15,8 @@ from gateway.reset_schedule import (
     last_ready_for_a_class,
     window_open,
 )
+from gateway.policy.schema import ResetsPolicy, ResetWindow, RoutingPolicy, parse_policy
+from gateway.request.router import TierStatus
 
 BASE = """\
 tiers: [fp16, int8, int4]
