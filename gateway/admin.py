@@ -18,7 +18,7 @@ from starlette.routing import Route
 from gateway.control.resets import ResetCoordinator
 from gateway.errors import APIError
 from gateway.policy.store import PolicyStore
-from gateway.state import get_runtime
+from gateway.runtime import get_runtime
 
 
 def _store(request: Request) -> PolicyStore:

@@ -39,9 +39,16 @@ from gateway.request.limits import TokenCounter
 from gateway.request.plan import ByteCounter, PromptCounter
 from gateway.request.proxy import chat_completions, completions, list_models
 from gateway.request.upstream import Upstream
+from gateway.runtime import (
+    Admission,
+    FixedPolicy,
+    PolicySource,
+    Runtime,
+    default_policy,
+    get_runtime,
+)
 from gateway.shared.leader import LeaderLock
 from gateway.shared.state import SharedRecords, SharedState
-from gateway.state import Admission, FixedPolicy, PolicySource, Runtime, default_policy, get_runtime
 from gateway.telemetry import build_tracer_provider, instrument_asgi, shutdown
 
 logger = logging.getLogger(__name__)

@@ -36,9 +36,9 @@ import anyio
 from backends.client import TierClient, TierClientError
 from gateway.control.reset_schedule import ResetDecision, TierResetState, choose_reset
 from gateway.control.ttft_drift import TtftDrift
+from gateway.runtime import Runtime
 from gateway.shared.leader import LeaderLock
 from gateway.shared.state import SharedRecords
-from gateway.state import Runtime
 
 logger = logging.getLogger(__name__)
 

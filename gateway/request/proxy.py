@@ -31,7 +31,7 @@ from gateway.request.relay import (
     whole_response,
 )
 from gateway.request.upstream import aclose_quietly
-from gateway.state import Runtime, get_runtime
+from gateway.runtime import Runtime, get_runtime
 from gateway.telemetry import ATTR_CLASS, ATTR_INPUT_TOKENS, ATTR_REASON, inject_trace_headers
 
 logger = logging.getLogger(__name__)

@@ -15,9 +15,9 @@ from backends.client import ResetResult, TierClientError
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint
 from gateway.control.resets import HISTORY, MARKS, ResetCoordinator, apply_shared_marks, parse_marks
+from gateway.runtime import Runtime
 from gateway.shared.leader import LeaderLock
 from gateway.shared.state import SharedRecords
-from gateway.state import Runtime
 from model_optimizer.envs import ROOT
 
 NIGHT = datetime(2026, 12, 2, 3, 0, tzinfo=UTC).timestamp()  # inside 02:00-05:00 UTC
