@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -27,17 +26,14 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, TypeVar
-from urllib.parse import urlparse
 
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+
+from gateway.shared.connection import REDIS_ERRORS, close_quietly, failure, open_client, where
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-_ERRORS = (RedisError, ConnectionError, TimeoutError, OSError)
 
 _ACQUIRE_LUA = """
 local held = redis.call('GET', KEYS[1])
@@ -80,10 +76,9 @@ class LeaderLock:
     ) -> None:
         if min(ttl, op_timeout, retry_interval) <= 0:
             raise ValueError("ttl, op_timeout and retry_interval must be > 0")
-        url = urlparse(redis_url) if redis_url is not None else None
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.key, self.ttl, self._url = key, ttl, redis_url
-        self._where = (url.hostname or url.path) if url else ""  # no credentials in logs
+        self._where = where(redis_url)
         self._op_timeout, self._retry_interval = op_timeout, retry_interval
         self._px = str(max(1, int(ttl * 1000)))  # the expiry in ms
         self._conn: _Conn | None = None
@@ -97,10 +92,7 @@ class LeaderLock:
         """Connect; when Redis is unreachable, log one warning and lead locally meanwhile."""
         if self._url is None or self._conn is not None:
             return
-        t = self._op_timeout  # no redis-py retries: one try, bounded by op_timeout
-        opts = {"socket_timeout": t, "socket_connect_timeout": t, "retry": Retry(NoBackoff(), 0)}
-        pool = BlockingConnectionPool.from_url(self._url, timeout=t, decode_responses=True, **opts)
-        client = Redis.from_pool(pool)
+        client = open_client(self._url, self._op_timeout)
         scripts = (client.register_script(s) for s in (_ACQUIRE_LUA, _RENEW_LUA, _RELEASE_LUA))
         self._conn = _Conn(client, *scripts)
         await self._run(lambda c: c.client.ping())
@@ -110,8 +102,7 @@ class LeaderLock:
         await self.release()
         conn, self._conn = self._conn, None
         if conn is not None:
-            with contextlib.suppress(*_ERRORS):
-                await conn.client.aclose()
+            await close_quietly(conn.client)
 
     async def acquire(self) -> int | None:
         """This holder's fencing token if it got or holds the lock, else ``None``."""
@@ -183,15 +174,14 @@ class LeaderLock:
             return None
         try:
             result = await asyncio.wait_for(op(conn), self._op_timeout)
-        except _ERRORS as exc:
+        except REDIS_ERRORS as exc:
             self._retry_at = time.monotonic() + self._retry_interval
             if self._lease == "redis":
                 self._lose()  # cannot be confirmed any more
             if not self._down:
                 self._down = True
-                reason = " ".join(str(exc).split()) or type(exc).__name__
                 msg = "leader lock: Redis at %s failed (%s), leading alone until it is back"
-                logger.warning(msg, self._where, reason)
+                logger.warning(msg, self._where, failure(exc))
             return None
         if self._down:
             self._down = False

@@ -42,17 +42,14 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
 
+from gateway.shared.connection import REDIS_ERRORS, close_quietly, failure, open_client, where
 from gateway.shared.lua import INFLIGHT, RATE_LIMIT
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-_ERRORS = (RedisError, ConnectionError, TimeoutError, OSError)
 MAX_RATE_WINDOW = 300.0
 _POOL_SIZE = 64  # Redis connections per replica
 _BUCKET_TTL = 310  # seconds a per-second traffic bucket is kept
@@ -138,13 +135,11 @@ class SharedState:
     ) -> None:
         if min(op_timeout, retry_interval, replica_ttl) <= 0:
             raise ValueError("op_timeout, retry_interval and replica_ttl must be > 0")
-        url = urlparse(redis_url) if redis_url is not None else None
-        if url is not None and url.scheme not in {"redis", "rediss", "unix"}:
-            raise ValueError(
-                f"redis_url must be redis://, rediss:// or unix://, not {url.scheme!r}"
-            )
+        scheme = urlparse(redis_url).scheme if redis_url is not None else None
+        if scheme is not None and scheme not in {"redis", "rediss", "unix"}:
+            raise ValueError(f"redis_url must be redis://, rediss:// or unix://, not {scheme!r}")
         self._url = redis_url
-        self._where = (url.hostname or url.path) if url else ""  # no credentials in logs
+        self._where = where(redis_url)
         self._prefix = prefix
         self.replica_id = replica_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
         self._clock = clock
@@ -176,19 +171,7 @@ class SharedState:
         """Connect; when Redis is unreachable, log one warning and run locally meanwhile."""
         if self._url is None or self._conn is not None:
             return
-        t = self._op_timeout
-        # A bounded pool whose callers wait (at most op_timeout) for a free connection: a burst
-        # of requests queues briefly instead of failing with "Too many connections".
-        pool = BlockingConnectionPool.from_url(
-            self._url,
-            max_connections=_POOL_SIZE,
-            timeout=t,
-            decode_responses=True,
-            socket_timeout=t,
-            socket_connect_timeout=t,
-            retry=Retry(NoBackoff(), 0),
-        )
-        client = Redis.from_pool(pool)
+        client = open_client(self._url, self._op_timeout, max_connections=_POOL_SIZE)
         inflight, ratelimit = (client.register_script(s) for s in (INFLIGHT, RATE_LIMIT))
         self._conn = _Conn(client, inflight, ratelimit)
         self._closing = False
@@ -208,11 +191,10 @@ class SharedState:
         if conn is None:
             return
         if deregister and self._shared:
-            with contextlib.suppress(*_ERRORS):
+            with contextlib.suppress(*REDIS_ERRORS):
                 await asyncio.wait_for(self._deregister(conn.client), self._op_timeout)
         self._shared = False
-        with contextlib.suppress(*_ERRORS):
-            await conn.client.aclose()
+        await close_quietly(conn.client)
 
     async def _deregister(self, client: Redis) -> None:
         await client.delete(self._key("inflight", self.replica_id))
@@ -239,7 +221,7 @@ class SharedState:
             return
         try:
             await asyncio.wait_for(conn.client.ping(), self._op_timeout)
-        except _ERRORS as exc:
+        except REDIS_ERRORS as exc:
             self._fall_back(exc)
             return
         self._shared = True  # before the push: later writes carry higher sequence numbers
@@ -253,9 +235,8 @@ class SharedState:
         self._retry_at = time.monotonic() + self._retry_interval
         if not self._warned:
             self._warned = True
-            reason = " ".join(str(exc).split()) or type(exc).__name__
             msg = "shared state: Redis at %s failed (%s), using local state until it is back"
-            logger.warning(msg, self._where, reason)
+            logger.warning(msg, self._where, failure(exc))
 
     async def _run(self, op: Callable[[_Conn], Awaitable[T]]) -> T | None:
         """``op`` against Redis, or ``None`` (local mode, or it failed: fall back)."""
@@ -264,7 +245,7 @@ class SharedState:
             return None
         try:
             return await asyncio.wait_for(op(conn), self._op_timeout)
-        except _ERRORS as exc:
+        except REDIS_ERRORS as exc:
             self._fall_back(exc)
             return None
 
