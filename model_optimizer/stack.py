@@ -217,7 +217,7 @@ def run_up(opts: UpOptions) -> int:
         config = gateway_config(opts, name, launches)
         app = create_app(
             config,
-            tier_states=lambda: {k: v.value for k, v in supervisor.states().items()},
+            supervisor_states=supervisor.states,
             tier_pids=supervisor.pids,
         )
         _say(f"gateway on http://{LOOPBACK}:{opts.gateway_port}/v1 — try:")

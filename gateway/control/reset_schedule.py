@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from backends.tier_state import TierState
 from gateway.policy.schema import (
     CLASS_NAMES,
     ResetsPolicy,
@@ -40,8 +41,7 @@ from gateway.policy.schema import (
     RoutingPolicy,
 )
 
-READY = "ready"
-BUSY = ("draining", "resetting")
+BUSY = (TierState.DRAINING, TierState.RESETTING)
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class TierResetState:
     """What the decision needs to know about one tier."""
 
     name: str
-    state: str  # ready | draining | resetting | down | starting
+    state: TierState
     last_reset_at: float | None  # epoch seconds of the last successful reset (None: never)
     preemptions: float  # vllm:num_preemptions_total now
     preemptions_at_last_reset: float
@@ -67,7 +67,7 @@ class ResetDecision:
 
 class _HasState(Protocol):
     @property
-    def state(self) -> str: ...
+    def state(self) -> TierState: ...
 
 
 def window_open(now: float, windows: Sequence[ResetWindow]) -> bool:
@@ -125,23 +125,24 @@ def _quiet(policy: ResetsPolicy, quiet_for: float, rps: float | None) -> tuple[b
 
 
 def last_ready_for_a_class(
-    tier: str, states: Mapping[str, str | _HasState], routes: RoutesPolicy
+    tier: str, states: Mapping[str, TierState | _HasState], routes: RoutesPolicy
 ) -> str | None:
     """The first class whose route names ``tier`` and no other tier that is ready, or ``None``.
 
-    ``states`` maps tier names to a state string or anything with a ``state`` (e.g. a
+    ``states`` maps tier names to a ``TierState`` or anything with a ``state`` (e.g. a
     ``TierStatus`` or a ``TierResetState``); a tier missing from it is not ready.
     """
     for cls in CLASS_NAMES:
         route = routes.for_class(cls)
         if route is None or tier not in route.tiers:
             continue
-        if not any(_state(states.get(other)) == READY for other in route.tiers if other != tier):
+        others = (other for other in route.tiers if other != tier)
+        if not any(_state(states.get(other)) == TierState.READY for other in others):
             return cls
     return None
 
 
-def _state(value: str | _HasState | None) -> str | None:
+def _state(value: TierState | _HasState | None) -> str | None:
     return value if value is None or isinstance(value, str) else value.state
 
 
@@ -207,7 +208,7 @@ def _busy(tiers: Iterable[TierResetState]) -> str | None:
 
 
 def _not_ready(tier: TierResetState) -> str | None:
-    return None if tier.state == READY else f"{tier.name} is {_ascii(tier.state)}"
+    return None if tier.state == TierState.READY else f"{tier.name} is {_ascii(tier.state)}"
 
 
 def _unsafe(

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 import anyio
 
 from backends.client import TierClient, TierClientError
+from backends.tier_state import TierState
 from gateway.control.reset_schedule import ResetDecision, TierResetState, choose_reset
 from gateway.control.ttft_drift import TtftDrift
 from gateway.runtime import Runtime
@@ -44,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 MARKS, CURRENT, HISTORY, REQUESTS = "reset:marks", "reset:current", "reset:history", "reset:queue"
 RATE_WINDOW = 10.0  # seconds of traffic behind each quiet check
+_STATES = {state.value: state for state in TierState}  # a mark's JSON value -> its state
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,7 @@ class ResetCoordinator:
 
     async def _drain_and_reset(self, tier: str, token: int) -> tuple[str, str]:
         resets = self.runtime.policies.active.policy.resets
-        await self._mark(tier, "draining", token)
+        await self._mark(tier, TierState.DRAINING, token)
         # Other replicas pick the mark up with their next scrape; until then they may still
         # send the tier a request, which the in-flight count below then waits for.
         await anyio.sleep(self.runtime.config.metrics_interval)
@@ -181,7 +183,7 @@ class ResetCoordinator:
             if time.monotonic() > deadline:
                 return "gave_up", f"{busy} request(s) still running after the drain timeout"
             await anyio.sleep(0.2)
-        await self._mark(tier, "resetting", token)
+        await self._mark(tier, TierState.RESETTING, token)
         client = self._tier_client(tier)
         try:
             result = await client.reset_kv_pool(verify=True)
@@ -206,14 +208,14 @@ class ResetCoordinator:
 
     # ------------------------------------------------------------------ shared marks
 
-    async def _mark(self, tier: str, state: str | None, token: int) -> None:
+    async def _mark(self, tier: str, state: TierState | None, token: int) -> None:
         """Publish ``tier``'s state to every replica (``None``: back to normal)."""
         ttl = self.runtime.policies.active.policy.resets.lock_ttl_seconds
         value = None if state is None else json.dumps({tier: state, "token": token})
         await self.records.put(MARKS, value, ttl=ttl)
         self.runtime.board.set_state(tier, state)
 
-    async def _marks(self) -> dict[str, str]:
+    async def _marks(self) -> dict[str, TierState]:
         return parse_marks(await self.records.get(MARKS))
 
     async def _close_abandoned(self, token: int) -> None:
@@ -312,15 +314,20 @@ class ResetCoordinator:
         return TierClient(endpoint.base_url, self.runtime.upstream.client, model=model)
 
 
-def parse_marks(raw: str | None) -> dict[str, str]:
-    """``{tier: state}`` from the shared marks value (the fencing token dropped)."""
+def parse_marks(raw: str | None) -> dict[str, TierState]:
+    """``{tier: state}`` from the shared marks value (the fencing token, and any value that
+    is not a tier state, dropped)."""
     if not raw:
         return {}
     try:
         value = json.loads(raw)
     except ValueError:
         return {}
-    return {k: v for k, v in value.items() if k != "token" and isinstance(v, str)}
+    return {
+        k: _STATES[v]
+        for k, v in value.items()
+        if k != "token" and isinstance(v, str) and v in _STATES
+    }
 
 
 async def apply_shared_marks(runtime: Runtime, records: SharedRecords) -> None:

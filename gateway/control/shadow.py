@@ -42,6 +42,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, Tracer
 
+from backends.tier_state import TierState
 from gateway.control.tier_status import TierBoard
 from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
@@ -55,7 +56,6 @@ logger = logging.getLogger(__name__)
 
 SKIP = "skip"  # not a shadowed tier, or not drawn: nothing is counted
 COMPARE = "compare"
-READY = "ready"
 Encode = Callable[[str], Sequence[int]]
 
 
@@ -66,9 +66,9 @@ class Load:
     running: int  # comparisons running now
     gateway_in_flight: int  # client requests this process holds
     gateway_limit: int  # its max_in_flight
-    reference_state: str
+    reference_state: TierState | None  # None: the board has no such tier
     reference_waiting: float  # the reference tier's scraped vllm:num_requests_waiting
-    tier_state: str  # the served tier's state (its greedy copy, for a non-greedy request)
+    tier_state: TierState | None  # the served tier's (its greedy copy, for a non-greedy request)
 
 
 def decide(
@@ -84,11 +84,11 @@ def decide(
         return "slots_full"
     if load.gateway_in_flight > policy.max_gateway_load * load.gateway_limit:
         return "overloaded"
-    if load.reference_state != READY:
+    if load.reference_state != TierState.READY:
         return "reference_not_ready"
     if load.reference_waiting > 0:
         return "reference_busy"
-    if not greedy and load.tier_state != READY:
+    if not greedy and load.tier_state != TierState.READY:
         return "tier_not_ready"
     return COMPARE
 
@@ -204,9 +204,9 @@ class ShadowSampler:
             running=self.running,
             gateway_in_flight=in_flight,
             gateway_limit=limit,
-            reference_state=reference.state if reference else "unknown",
+            reference_state=reference.state if reference else None,
             reference_waiting=reference.requests_waiting if reference else 0.0,
-            tier_state=served.state if served else "unknown",
+            tier_state=served.state if served else None,
         )
         streaming = job.answer is None
         decision = decide(policy, job.tier, self._rng.random(), streaming, greedy, load)

@@ -1,8 +1,8 @@
 """What the gateway knows about each tier: its state and its last scraped load.
 
 ``TierBoard`` merges two sources into the router's ``TierStatus`` values:
-- the supervisor's state (starting, ready, draining, resetting, down) when the gateway runs
-  beside it (``tier_states``), or an operator's drain mark (``set_state``);
+- the supervisor's ``TierState`` (backends/tier_state.py) when the gateway runs beside it
+  (``supervisor_states``), or a reset's ``draining``/``resetting`` mark (``set_state``);
 - the tier's own ``/metrics`` (vLLM's Prometheus text, parsed by backends/metrics.py): queue
   depth and KV-cache usage for saturation, scraped every ``metrics_interval`` seconds. A tier
   without ``/metrics`` is probed at ``/health``; a tier that answers neither is ``down``.
@@ -17,13 +17,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from backends.metrics import MetricsParseError, TierMetrics, parse_metrics
+from backends.tier_state import TierState
 from gateway.config import TierEndpoint
 from gateway.errors import APIError
-from gateway.request.router import READY, TierStatus
+from gateway.request.router import TierStatus
 from gateway.request.upstream import Upstream, aclose_quietly
 
-TierStates = Callable[[], Mapping[str, str]]
-DOWN = "down"
+# Each tier's state as its supervisor sees it (backends/supervisor.py ``Supervisor.states``).
+SupervisorStates = Callable[[], Mapping[str, TierState]]
 
 
 @dataclass(frozen=True)
@@ -42,35 +43,35 @@ class TierBoard:
     def __init__(
         self,
         tiers: Sequence[TierEndpoint],
-        tier_states: TierStates | None = None,
+        supervisor_states: SupervisorStates | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tiers = {tier.name: tier for tier in tiers}
-        self._tier_states = tier_states
+        self._supervisor_states = supervisor_states
         self._clock = clock
         self._scrapes: dict[str, Scrape] = {}
-        self._marks: dict[str, str] = {}  # operator/scheduler overrides, e.g. "draining"
+        self._marks: dict[str, TierState] = {}  # the reset coordinator's, e.g. draining
 
     def record(self, name: str, scrape: Scrape) -> None:
         self._scrapes[name] = scrape
 
-    def set_state(self, name: str, state: str | None) -> None:
+    def set_state(self, name: str, state: TierState | None) -> None:
         """Override a tier's state (``draining``, ``resetting``); ``None`` lifts it."""
         if state is None:
             self._marks.pop(name, None)
         else:
             self._marks[name] = state
 
-    def state(self, name: str) -> str:
+    def state(self, name: str) -> TierState:
         """A mark wins, then a supervisor state other than ready, then the last scrape."""
         if name in self._marks:
             return self._marks[name]
-        if self._tier_states is not None:
-            supervised = self._tier_states().get(name, DOWN)
-            if supervised != READY:
+        if self._supervisor_states is not None:
+            supervised = self._supervisor_states().get(name, TierState.DOWN)
+            if supervised != TierState.READY:
                 return supervised
         scrape = self._scrapes.get(name)
-        return READY if scrape is None or scrape.healthy else DOWN
+        return TierState.READY if scrape is None or scrape.healthy else TierState.DOWN
 
     def metrics(self, name: str) -> TierMetrics | None:
         """The tier's last scraped metrics (``None``: none yet)."""

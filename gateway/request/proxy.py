@@ -20,6 +20,7 @@ from opentelemetry import trace
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from backends.tier_state import TierState
 from gateway.control.shadow import ShadowJob
 from gateway.errors import SERVER_ERROR, APIError
 from gateway.request.exchange import Exchange, usage_tokens
@@ -225,7 +226,7 @@ async def list_models(request: Request) -> Response:
     """``GET /v1/models``: the served model's entry, from the first ready tier that answers."""
     runtime = get_runtime(request)
     model_name = runtime.config.model_name
-    ready = [s.name for s in runtime.board.statuses().values() if s.state == "ready"]
+    ready = [s.name for s in runtime.board.statuses().values() if s.state == TierState.READY]
     failures: list[str] = []
     for name in ready:
         tier = runtime.board.tiers[name]

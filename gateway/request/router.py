@@ -33,9 +33,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from backends.tier_state import TierState
 from gateway.policy.schema import RoutingPolicy
 
-READY = "ready"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 TIER_NOT_READY = "tier_not_ready"
 UNKNOWN_TIER = "unknown_tier"
@@ -48,7 +48,7 @@ class TierStatus:
     """What the gateway knows about one tier: supervisor state and last scraped metrics."""
 
     name: str
-    state: str  # starting | ready | draining | resetting | down
+    state: TierState
     requests_waiting: float  # vllm:num_requests_waiting
     kv_usage: float  # vllm:kv_cache_usage_perc, 0..1
     max_model_len: int  # prompt + completion tokens the tier accepts
@@ -151,7 +151,7 @@ def _unusable(
     needed = request.input_tokens + _output_reserve(request, policy)
     if needed > status.max_model_len:
         return f"too short: needs {needed} tokens > max_model_len {status.max_model_len}"
-    if status.state != READY:
+    if status.state != TierState.READY:
         return _ascii(status.state)
     if saturation:
         saturated = _saturated(status, policy)

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from backends.client import ResetResult, TierClientError
+from backends.tier_state import TierState
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint
 from gateway.control.resets import HISTORY, MARKS, ResetCoordinator, apply_shared_marks, parse_marks
@@ -146,18 +147,25 @@ def test_reset_now_skips_the_window_and_marks_the_tier_meanwhile(
     three_stubs: list[str], tmp_path: Path
 ) -> None:
     seen: list[str] = []
+    published: list[str | None] = []  # the marks, as other replicas read them from Redis
 
     async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
         # Every state the board is given for int8, recorded as it is set (a polling
         # watcher missed a short draining phase on a loaded machine).
-        set_state = runtime.board.set_state
+        set_state, put = runtime.board.set_state, coordinator.records.put
 
-        def recording(name: str, state: str | None) -> None:
+        def recording(name: str, state: TierState | None) -> None:
             set_state(name, state)
             if name == "int8":
                 seen.append(runtime.board.state("int8"))
 
+        async def publishing(name: str, value: str | None, ttl: float) -> None:
+            if name == MARKS:
+                published.append(value)
+            await put(name, value, ttl)
+
         runtime.board.set_state = recording  # type: ignore[method-assign]
+        coordinator.records.put = publishing  # type: ignore[method-assign]
         await coordinator.request("int8")
         decision = await coordinator.tick()
         seen.append(runtime.board.state("int8"))
@@ -168,6 +176,12 @@ def test_reset_now_skips_the_window_and_marks_the_tier_meanwhile(
     assert "draining" in seen and "resetting" in seen
     assert seen[-1] == "ready"
     assert marks is None
+    token = json.loads(published[0] or "{}")["token"]
+    assert published == [
+        f'{{"int8": "draining", "token": {token}}}',
+        f'{{"int8": "resetting", "token": {token}}}',
+        None,
+    ]
     assert calls == ["reset", "warm_up"]
 
 
@@ -206,7 +220,11 @@ def test_an_unfinished_reset_of_an_older_leader_is_recorded_as_abandoned(
 
 
 def test_marks_parse_leniently() -> None:
-    assert parse_marks(json.dumps({"int8": "draining", "token": 4})) == {"int8": "draining"}
+    marks = parse_marks(json.dumps({"int8": "draining", "token": 4}))
+    assert marks == {"int8": TierState.DRAINING} and marks["int8"] is TierState.DRAINING
+    assert parse_marks(json.dumps({"int8": "asleep", "fp16": ["draining"], "int4": "down"})) == {
+        "int4": TierState.DOWN
+    }  # values that are not tier states are dropped
     assert parse_marks(None) == {} and parse_marks("not json") == {}
 
 

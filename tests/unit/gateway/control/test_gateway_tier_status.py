@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from backends.metrics import TierMetrics
+from backends.tier_state import TierState
 from gateway.config import TierEndpoint
 from gateway.control.tier_status import Scrape, TierBoard, scrape_tier
 from gateway.request.upstream import Upstream
@@ -24,17 +26,25 @@ TIERS = [
 
 
 def test_marks_win_then_supervisor_then_scrapes() -> None:
-    states = {"fp16": "ready", "int4": "starting"}
+    states = {"fp16": TierState.READY, "int4": TierState.STARTING}
     board = TierBoard(TIERS, lambda: states)
-    assert board.state("fp16") == "ready"  # never scraped: trusted
-    assert board.state("int4") == "starting"
+    assert board.state("fp16") is TierState.READY  # never scraped: trusted
+    assert board.state("int4") is TierState.STARTING
     board.record("fp16", Scrape(False, None, 0.0, "refused"))
-    assert board.state("fp16") == "down"
+    assert board.state("fp16") is TierState.DOWN
     board.record("fp16", Scrape(True, None, 1.0))
-    board.set_state("fp16", "draining")
-    assert board.state("fp16") == "draining"
+    board.set_state("fp16", TierState.DRAINING)
+    assert board.state("fp16") is TierState.DRAINING
     board.set_state("fp16", None)
-    assert board.state("fp16") == "ready"
+    assert board.state("fp16") is TierState.READY
+
+
+def test_states_travel_as_their_plain_strings() -> None:
+    board = TierBoard(TIERS, lambda: {"fp16": TierState.READY})  # int4: unknown, so down
+    board.set_state("fp16", TierState.DRAINING)
+    described = json.dumps({name: entry["state"] for name, entry in board.describe().items()})
+    assert described == '{"fp16": "draining", "int4": "down"}'  # /admin/tiers, Redis health
+    assert f"{board.state('fp16')} {board.state('int4')}" == "draining down"  # log lines
 
 
 def test_statuses_carry_scraped_load_and_each_tiers_length() -> None:

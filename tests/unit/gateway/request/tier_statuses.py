@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from backends.tier_state import TierState
 from gateway.request.router import TierStatus
 
 TIERS = ["fp16", "int8", "int4"]
@@ -19,5 +20,6 @@ def tier_statuses(**changes: dict[str, Any]) -> dict[str, TierStatus]:
             "max_model_len": 2048,
         }
         values.update(changes.get(name, {}))
+        values["state"] = TierState(values["state"])  # tests name states by their strings
         out[name] = TierStatus(name=name, **values)
     return out
