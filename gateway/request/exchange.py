@@ -1,11 +1,20 @@
-"""One request's bookkeeping, from arrival to its last byte: span, metrics and in-flight count.
+"""One request's bookkeeping, from arrival to its last byte: spans, metrics and in-flight count.
 
-An ``Exchange`` is created when a completion request arrives and finished exactly once, when
-its answer is complete (a streamed answer finishes when the stream ends, however it ends).
-Finishing records the Prometheus series (gateway/metrics.py), ends the request's span with its
-attributes (gateway/telemetry.py) and releases the tier's in-flight slot in the shared state
-(gateway/shared/state.py). ``SSECounter`` watches a relayed stream for the usage object vLLM sends
-when asked, and otherwise counts the events that carry choices (one token each in vLLM).
+An ``Exchange`` is opened when a completion request is admitted and owns the request's spans:
+the ``gateway.request`` span it starts and the children it starts for it (``child``). It is
+finished once, in ``_finish``, when its answer is complete:
+
+- by leaving its ``async with`` block (the handler), with the outcome recorded there
+  (``set_outcome``) or the exception that left the block (``APIError``: its status and code;
+  anything else: 500 ``internal_error``);
+- or, once handed to a streamed answer (``hand_to_stream``), when that stream ends, however it
+  ends (``stream_ended``; the block then leaves it open unless an exception left it).
+
+Finishing records the Prometheus series (gateway/metrics.py), ends the children and then the
+request's span with its attributes (gateway/telemetry.py), releases the tier's in-flight slot
+in the shared state (gateway/shared/state.py) and calls ``on_finish`` (the admission slot).
+``SSECounter`` watches a relayed stream for the usage object vLLM sends when asked, and
+otherwise counts the events that carry choices (one token each in vLLM).
 """
 
 from __future__ import annotations
@@ -13,12 +22,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
 import anyio
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
+from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
 from gateway.shared.state import SharedState
 from gateway.telemetry import (
@@ -32,31 +43,60 @@ from gateway.telemetry import (
 )
 
 NONE = "none"
+REQUEST_SPAN = "gateway.request"
 
 
-@dataclass
 class Exchange:
     """Bookkeeping of one request (see the module docstring)."""
 
-    metrics: GatewayMetrics
-    shared: SharedState
-    span: Span
-    clock: Callable[[], float] = time.perf_counter
-    started: float = field(default=0.0)
-    cls: str = NONE
-    reason: str = ""
-    tier: str = NONE
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    ttft: float | None = None
-    fallbacks: int = 0
-    holds_slot: bool = False
-    children: list[Span] = field(default_factory=list)  # ended before the request's span
-    on_finish: Callable[[], None] | None = None  # e.g. the admission slot's release
-    finished: bool = False
+    def __init__(
+        self,
+        tracer: Tracer,
+        metrics: GatewayMetrics,
+        shared: SharedState,
+        path: str,
+        *,
+        on_finish: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.metrics, self.shared, self.clock = metrics, shared, clock
+        self.span: Span = tracer.start_span(REQUEST_SPAN, attributes={"url.path": path})
+        self.started = clock()
+        self.cls, self.reason, self.tier = NONE, "", NONE
+        self.input_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self.ttft: float | None = None
+        self.fallbacks = 0
+        self.holds_slot = False
+        self.on_finish = on_finish
+        self.status: int = 500  # the outcome until one is recorded
+        self.error: str | None = "internal_error"
+        self.streamed = False  # handed to a streamed answer, which finishes it
+        self.finished = False
+        self._tracer = tracer
+        self._children: list[Span] = []  # ended before the request's span
 
-    def __post_init__(self) -> None:
-        self.started = self.started or self.clock()
+    async def __aenter__(self) -> Exchange:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if isinstance(exc, APIError):
+            self.set_outcome(exc.status, exc.code or "error")
+        elif exc is not None:
+            self.set_outcome(500, "internal_error")
+        if exc is not None or not self.streamed:  # a stream that will not run cannot finish it
+            await self._finish()
+
+    def child(self, name: str) -> Span:
+        """Start a child span of the request's; it ends, tagged with the tier, at the finish."""
+        span = self._tracer.start_span(name, context=trace.set_span_in_context(self.span))
+        self._children.append(span)
+        return span
 
     async def acquire(self, tier: str) -> None:
         """The request is now in flight on ``tier``."""
@@ -80,10 +120,24 @@ class Exchange:
         if self.ttft is None:
             self.ttft = self.clock() - self.started
 
-    async def finish(self, status: int, error: str | None = None) -> None:
-        """Record the outcome once; later calls do nothing. ``error`` names why the gateway
-        refused the request (counted in ``gateway_rejections_total``); answers the tier gave,
-        streams cut short and clients that left are counted by status only."""
+    def set_outcome(self, status: int, error: str | None = None) -> None:
+        """What the finish records. ``error`` names why the gateway refused the request
+        (counted in ``gateway_rejections_total``); answers the tier gave, streams cut short and
+        clients that left are counted by status only."""
+        self.status, self.error = status, error
+
+    def hand_to_stream(self) -> None:
+        """A streamed answer now owns the exchange: ``stream_ended`` finishes it."""
+        self.streamed = True
+
+    async def stream_ended(self, status: int, output_tokens: int) -> None:
+        """The streamed answer is over (done, failed or the client left): finish."""
+        self.output_tokens = output_tokens
+        self.set_outcome(status)
+        await self._finish()
+
+    async def _finish(self) -> None:
+        """Record the outcome once; later calls do nothing."""
         if self.finished:
             return
         self.finished = True
@@ -95,16 +149,16 @@ class Exchange:
         self.metrics.observe_request(
             self.cls,
             self.tier,
-            str(status),
+            str(self.status),
             duration,
             self.ttft,
             self.input_tokens,
             self.output_tokens,
         )
-        if error is not None:
-            self.metrics.reject(error)
-        self._annotate(status, error)
-        for child in self.children:
+        if self.error is not None:
+            self.metrics.reject(self.error)
+        self._annotate(self.status, self.error)
+        for child in self._children:
             child.set_attribute(ATTR_TIER, self.tier)
             child.end()
         self.span.end()

@@ -15,7 +15,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import anyio
 from opentelemetry import trace
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -114,24 +113,25 @@ async def _relay_completion(request: Request, path: str) -> Response:
             code="overloaded",
             headers={"Retry-After": "1"},
         )
-    span = runtime.tracer.start_span("gateway.request", attributes={"url.path": path})
-    exchange = Exchange(runtime.metrics, runtime.shared, span, on_finish=runtime.admission.leave)
-    try:
-        with trace.use_span(span, end_on_exit=False):
-            return await _completion(request, path, runtime, exchange)
-    except APIError as exc:
-        with anyio.CancelScope(shield=True):
-            await exchange.finish(exc.status, exc.code or "error")
-        raise
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await exchange.finish(500, "internal_error")
-        raise
+    exchange = Exchange(
+        runtime.tracer,
+        runtime.metrics,
+        runtime.shared,
+        path,
+        on_finish=runtime.admission.leave,
+    )
+    async with exchange:  # leaving it finishes the exchange, unless a stream now owns it
+        with trace.use_span(exchange.span, end_on_exit=False):
+            answer, shadow = await _completion(request, path, runtime, exchange)
+    if shadow is not None:  # once the exchange is finished (a whole answer) or owned by its stream
+        offer_shadow(runtime, shadow)
+    return answer
 
 
 async def _completion(
     request: Request, path: str, runtime: Runtime, exchange: Exchange
-) -> Response:
+) -> tuple[Response, ShadowJob | None]:
+    """The answer, and the job to offer to shadow sampling when a tier answered 200."""
     config, tracer = runtime.config, runtime.tracer
     body = check_model(
         parse_json_object(await read_body(request, config.max_body_bytes)), config.model_name
@@ -158,13 +158,11 @@ async def _completion(
     exchange.reason = plan.reason
     tiers = [runtime.board.tiers[name] for name in plan.chain]
 
-    span_of = trace.get_current_span().get_span_context()  # the request's, for shadow links
-    upstream_span = tracer.start_span("upstream")
-    exchange.children.append(upstream_span)
+    upstream_span = exchange.child("upstream")
     headers = dict(request.headers)
     inject_trace_headers(headers, trace.set_span_in_context(upstream_span))
 
-    async def exchange_with_tiers() -> Response:
+    async def exchange_with_tiers() -> tuple[Response, ShadowJob | None]:
         try:
             tier, response = await open_chain(
                 runtime.upstream,
@@ -180,30 +178,32 @@ async def _completion(
             raise
         upstream_span.set_attribute("gateway.route.tier", tier.name)
         answer_headers = route_headers(plan.cls, tier.name, plan.reason)
+        link = exchange.span.get_span_context()  # shadow comparisons link to the request
         shadow = ShadowJob(
-            tier.name, path, plan.body_for(tier.name, body), plan.max_tokens_field, None, span_of
+            tier.name, path, plan.body_for(tier.name, body), plan.max_tokens_field, None, link
         )
         if wants_stream(body) and response.status_code == 200:
-            offer_shadow(runtime, shadow)  # counted as dropped (streaming) when drawn
-            # From here on the streaming response owns the upstream and finishes the exchange.
-            return UpstreamStreamingResponse(
+            # From here on the streaming response owns the upstream and finishes the exchange;
+            # its shadow job (no answer) is counted as dropped (streaming) when drawn.
+            stream = UpstreamStreamingResponse(
                 runtime.upstream, tier, response, answer_headers, exchange
             )
+            return stream, shadow
         raw = await runtime.upstream.read(tier, response)
         prompt_tokens, exchange.output_tokens = usage_tokens(raw)
         exchange.input_tokens = prompt_tokens or exchange.input_tokens
         answer = whole_response(tier, response, raw, answer_headers)
-        await exchange.finish(answer.status_code)
+        exchange.set_outcome(answer.status_code)
         if response.status_code == 200:
-            offer_shadow(runtime, dataclasses.replace(shadow, answer=raw))
-        return answer
+            return answer, dataclasses.replace(shadow, answer=raw)
+        return answer, None
 
-    answer = await unless_client_leaves(request, exchange_with_tiers)
-    if answer is None:
+    outcome = await unless_client_leaves(request, exchange_with_tiers)
+    if outcome is None:
         logger.info("client left %s before the answer; upstream request closed", path)
-        await exchange.finish(499)
-        return Response(status_code=499)  # nobody is listening any more
-    return answer
+        exchange.set_outcome(499)
+        return Response(status_code=499), None  # nobody is listening any more
+    return outcome
 
 
 def offer_shadow(runtime: Runtime, job: ShadowJob) -> None:

@@ -5,7 +5,7 @@
 - ``UpstreamStreamingResponse`` relays SSE bytes as they come (no buffering); a tier failing
   mid-stream ends the stream with one SSE error event, never a second answer. However the
   stream ends (done, failed, client gone) the upstream connection is closed, which makes vLLM
-  abort the generation, and the exchange is finished.
+  abort the generation, and the exchange it was handed is told (which finishes it).
 - ``unless_client_leaves`` cancels a non-streamed exchange when the client disconnects.
 """
 
@@ -153,7 +153,10 @@ class UpstreamStreamingResponse(StreamingResponse):
         self._upstream_response = response
         self._exchange = exchange
         self._counter = SSECounter()
-        first_byte = exchange.first_byte if exchange is not None else None
+        first_byte = None
+        if exchange is not None:
+            exchange.hand_to_stream()
+            first_byte = exchange.first_byte
         self._chunks = relay_sse(upstream, tier, response, self._counter, first_byte)
         super().__init__(
             self._chunks,
@@ -172,8 +175,7 @@ class UpstreamStreamingResponse(StreamingResponse):
                 await self._chunks.aclose()
                 await aclose_quietly(self._upstream_response)
                 if self._exchange is not None:
-                    self._exchange.output_tokens = self._counter.tokens
-                    await self._exchange.finish(self._counter.status)
+                    await self._exchange.stream_ended(self._counter.status, self._counter.tokens)
 
 
 async def unless_client_leaves(request: Request, work: Callable[[], Awaitable[T]]) -> T | None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import anyio
+import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
 from gateway.request.exchange import Exchange, SSECounter, usage_tokens
 from gateway.shared.state import SharedState
@@ -32,22 +34,19 @@ def _exchange() -> tuple[Exchange, SlowShared, InMemorySpanExporter, GatewayMetr
     exporter = InMemorySpanExporter()
     tracer = build_tracer_provider(exporter).get_tracer("test")
     shared, metrics = SlowShared(), GatewayMetrics()
-    return (
-        Exchange(metrics, shared, tracer.start_span("gateway.request")),
-        shared,
-        exporter,
-        metrics,
-    )
+    exchange = Exchange(tracer, metrics, shared, "/v1/chat/completions")
+    return exchange, shared, exporter, metrics
 
 
 def test_a_slot_taken_while_cancelled_is_still_released() -> None:
     exchange, shared, _, _ = _exchange()
 
     async def main() -> None:
-        with anyio.move_on_after(0.05):  # the client leaves during begin's round trip
-            await exchange.acquire("int4")
-        assert await shared.in_flight() == {"int4": 1}
-        await exchange.finish(499)
+        async with exchange:
+            with anyio.move_on_after(0.05):  # the client leaves during begin's round trip
+                await exchange.acquire("int4")
+            assert await shared.in_flight() == {"int4": 1}
+            exchange.set_outcome(499)
         assert await shared.in_flight() == {"int4": 0}
 
     anyio.run(main)
@@ -60,7 +59,8 @@ def test_finish_inside_a_cancelled_scope_completes() -> None:
         await exchange.acquire("fp16")
         with anyio.CancelScope() as scope:
             scope.cancel()  # as when the client's disconnect cancels the exchange task
-            await exchange.finish(200)
+            async with exchange:
+                exchange.set_outcome(200)
 
     anyio.run(main)
     assert shared.ended == ["fp16"]
@@ -73,13 +73,59 @@ def test_finish_happens_once() -> None:
     exchange, shared, exporter, _ = _exchange()
 
     async def main() -> None:
-        await exchange.acquire("int8")
-        await exchange.finish(200)
-        await exchange.finish(500, "internal_error")
+        async with exchange:
+            await exchange.acquire("int8")
+            exchange.set_outcome(200)
+        await exchange.stream_ended(500, 3)
 
     anyio.run(main)
     assert shared.ended == ["int8"]
     assert len(exporter.get_finished_spans()) == 1
+
+
+def test_an_exception_leaving_the_block_is_the_outcome() -> None:
+    exchange, _, exporter, metrics = _exchange()
+    other, _, _, _ = _exchange()
+
+    async def main() -> None:
+        with pytest.raises(APIError):
+            async with exchange:
+                raise APIError(429, "slow down", code="rate_limited")
+        with pytest.raises(RuntimeError):
+            async with other:
+                other.set_outcome(200)  # an answer was on its way, then something broke
+                raise RuntimeError("boom")
+
+    anyio.run(main)
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes is not None and span.attributes["http.response.status_code"] == 429
+    assert other.finished and (other.status, other.error) == (500, "internal_error")
+    assert 'gateway_rejections_total{reason="rate_limited"} 1.0' in metrics.render(None)[0].decode()
+
+
+def test_a_stream_it_was_handed_to_finishes_it_with_its_children() -> None:
+    exchange, shared, exporter, metrics = _exchange()
+
+    async def main() -> None:
+        async with exchange:
+            upstream = exchange.child("upstream")
+            await exchange.acquire("int4")
+            exchange.hand_to_stream()
+        assert not exchange.finished and await shared.in_flight() == {"int4": 1}
+        assert upstream.is_recording()
+        with anyio.CancelScope() as scope:
+            scope.cancel()  # the client left mid-stream
+            await exchange.stream_ended(499, 7)
+
+    anyio.run(main)
+    assert shared.ended == ["int4"]
+    child, request = exporter.get_finished_spans()  # the child ends first
+    assert (child.name, request.name) == ("upstream", "gateway.request")
+    assert child.parent is not None and child.parent.span_id == request.context.span_id
+    assert child.attributes is not None and child.attributes["gateway.route.tier"] == "int4"
+    assert request.attributes is not None and request.attributes["gen_ai.usage.output_tokens"] == 7
+    rendered = metrics.render(None)[0].decode()
+    assert 'gateway_requests_total{class="none",status="499",tier="int4"} 1.0' in rendered
 
 
 def test_sse_counter_reads_usage_or_counts_events_and_knows_the_outcome() -> None:
