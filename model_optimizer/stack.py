@@ -31,7 +31,7 @@ from backends.supervisor import RestartPolicy, Supervisor
 from backends.vllm_args import LOOPBACK, TierLaunch
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint, keys_from_environment
-from gateway.policy_store import PolicyStore
+from gateway.policy.store import PolicyStore
 from model_optimizer.envs import ROOT, cache_root, env_python, has_nvidia_gpu
 from model_optimizer.models import AlreadyReported, ModelError
 from model_optimizer.optimize import installed_vllm, run_in_optimize_env, run_optimize
@@ -287,7 +287,7 @@ def run_up(opts: UpOptions) -> int:
         config = gateway_config(opts, name, launches, admission)
         app = create_app(
             config,
-            tier_states=lambda: {k: v.value for k, v in supervisor.states().items()},
+            supervisor_states=supervisor.states,
             tier_pids=supervisor.pids,
         )
         _say(f"gateway on http://{LOOPBACK}:{opts.gateway_port}/v1 — try:")
