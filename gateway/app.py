@@ -34,6 +34,7 @@ from gateway.errors import exception_handlers
 from gateway.health import healthz, readyz
 from gateway.metrics import GatewayMetrics
 from gateway.openapi import openapi_document
+from gateway.policy.derive import TierFigures
 from gateway.policy.store import ActivePolicy, PolicyStore
 from gateway.request.classify import CompiledClasses
 from gateway.request.limits import TokenCounter
@@ -167,9 +168,22 @@ def load_policies(config: GatewayConfig) -> PolicySource:
         policy = default_policy(names)
         rules = CompiledClasses.build(policy.classes)
         return FixedPolicy(ActivePolicy(policy, rules, "default", 0.0, "<configured order>"))
-    store = PolicyStore(config.policy_path, known_tiers=[*names, *config.policy_extra_tiers])
+    store = PolicyStore(
+        config.policy_path,
+        known_tiers=[*names, *config.policy_extra_tiers],
+        measured=measured_figures(config),
+        reference=config.reference_tier,
+    )
     store.load()
     return store
+
+
+def measured_figures(config: GatewayConfig) -> dict[str, TierFigures]:
+    """The config's measured tiers as the route derivation takes them."""
+    return {
+        name: TierFigures(name, dict(m.quality), m.ttft_s, m.tpot_s, m.throughput_tok_s)
+        for name, m in config.measured.items()
+    }
 
 
 def load_counter(config: GatewayConfig) -> PromptCounter:

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from backends.platform import CPUINFO
 from backends.spec import AdmissionSpec
@@ -69,10 +70,10 @@ class Admission:
             )
         return out
 
-    def measured(self) -> dict[str, dict[str, object]]:
+    def measured(self) -> dict[str, dict[str, Any]]:
         """Per tier: quality per category (agreement with the reference; 1 for the reference)
         and speed, as the gateway's ``GatewayConfig.measured`` takes them."""
-        out: dict[str, dict[str, object]] = {}
+        out: dict[str, dict[str, Any]] = {}
         for name, speed in self.speeds.items():
             verdict = self.verdicts.get(name)
             quality = (

@@ -29,8 +29,8 @@ from backends.process import check_port_free
 from backends.spec import AdmissionSpec, load_spec, resolve_tiers
 from backends.supervisor import RestartPolicy, Supervisor
 from backends.vllm_args import LOOPBACK, TierLaunch
-from gateway.app import create_app
-from gateway.config import GatewayConfig, TierEndpoint, keys_from_environment
+from gateway.app import create_app, load_policies
+from gateway.config import GatewayConfig, MeasuredTier, TierEndpoint, keys_from_environment
 from gateway.policy.store import PolicyStore
 from model_optimizer.envs import ROOT, cache_root, env_python, has_nvidia_gpu
 from model_optimizer.models import AlreadyReported, ModelError
@@ -239,6 +239,10 @@ def gateway_config(
         tokenizer_dir=str(launches[0].model_dir),
         redis_url=opts.redis_url or None,
         policy_extra_tiers=[t for t in spec_tiers(opts.spec) if t not in {x.name for x in tiers}],
+        measured={k: MeasuredTier(**v) for k, v in admission.measured().items()}
+        if admission
+        else {},
+        reference_tier=admission.reference if admission else None,
     )
     return keys_from_environment(config)
 
@@ -285,6 +289,8 @@ def run_up(opts: UpOptions) -> int:
             launches, variants, spec.admission, supervisor, key, cached
         )
         config = gateway_config(opts, name, launches, admission)
+        for derived in load_policies(config).active.derived.values():
+            _say(f"route {derived.describe()}")
         app = create_app(
             config,
             supervisor_states=supervisor.states,

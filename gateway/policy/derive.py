@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gateway.policy.schema import CLASS_NAMES, Route, RoutingPolicy
+
 # Router classes → the admission check's probe categories a tier's quality is read on.
 CLASS_CATEGORIES: dict[str, tuple[str, ...]] = {
     "tolerant": ("chat",),
@@ -122,3 +124,31 @@ def derive_chain(
     for name, quality, cost in survivors:
         reasons[name] = f"agreement {quality:.3f}, {cost:.3g} {unit}"
     return DerivedChain(cls, tuple(name for name, _, _ in survivors), reasons)
+
+
+def derive_routes(
+    policy: RoutingPolicy, figures: Mapping[str, TierFigures], reference: str | None
+) -> tuple[RoutingPolicy, dict[str, DerivedChain]]:
+    """``policy`` with every ``derive`` route's tiers replaced by the derived chain, and each
+    derivation (for ``/admin/policy`` and ``up``'s console)."""
+    if not figures:
+        return policy, {}
+    routes: dict[str, Route] = {}
+    derived: dict[str, DerivedChain] = {}
+    for cls in CLASS_NAMES:
+        route = policy.routes.for_class(cls)
+        if route is None or route.derive is None:
+            continue
+        goal = Goal(
+            route.derive.floor,
+            route.derive.minimise,
+            route.derive.answer_tokens,
+            route.derive.min_gain,
+        )
+        chain = derive_chain(cls, route.tiers, goal, figures, reference or "")
+        derived[cls] = chain
+        routes[cls] = route.model_copy(update={"tiers": list(chain.chain)})
+    if not routes:
+        return policy, {}
+    new_routes = policy.routes.model_copy(update=routes)
+    return policy.model_copy(update={"routes": new_routes}), derived

@@ -183,11 +183,24 @@ class ClassesPolicy(Section):
 # --------------------------------------------------------------------------- routes
 
 
+class DeriveGoal(Section):
+    """What a class needs, for a chain derived from measurements (gateway/policy/derive.py):
+    the lowest agreement with the reference tier a tier may have, and the cost to minimise."""
+
+    floor: float = Field(ge=0, le=1)
+    minimise: Literal["latency", "throughput"] = "latency"
+    answer_tokens: PositiveInt = 128  # the answer length a latency cost assumes
+    min_gain: float = Field(default=0.05, ge=0, lt=1)
+
+
 class Route(Section):
-    """Tiers for one class. A bare list in the YAML means ``strategy: ordered``."""
+    """Tiers for one class. A bare list in the YAML means ``strategy: ordered``. With
+    ``derive``, the gateway orders (and filters) ``tiers`` from the tiers' measured quality and
+    speed when it has them; without measurements the route is used as written."""
 
     strategy: Strategy = "ordered"
     tiers: list[str] = Field(min_length=1)
+    derive: DeriveGoal | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -27,14 +27,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from watchfiles import Change, awatch
 
+from gateway.policy.derive import DerivedChain, TierFigures, derive_routes
 from gateway.policy.schema import PolicyError, RoutingPolicy, parse_policy
 from gateway.request.classify import CompiledClasses
 
@@ -65,6 +66,9 @@ class ActivePolicy:
     digest: str  # sha256 hex of the file's bytes
     loaded_at: float  # the store's clock() when it was applied
     source: str  # the file's path
+    # Routes derived from measurements (gateway/policy/derive.py); ``policy`` already holds
+    # the derived chains, these say why.
+    derived: Mapping[str, DerivedChain] = field(default_factory=dict)
 
 
 class PolicyStore:
@@ -76,8 +80,12 @@ class PolicyStore:
         known_tiers: Sequence[str] | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        measured: Mapping[str, TierFigures] | None = None,
+        reference: str | None = None,
     ) -> None:
         self.path = Path(path)
+        self.measured = dict(measured or {})
+        self.reference = reference
         self.known_tiers = tuple(known_tiers) if known_tiers is not None else None
         self._clock = clock
         self._active: ActivePolicy | None = None
@@ -152,6 +160,10 @@ class PolicyStore:
             "last_error": self.last_error,
             "last_error_at": _iso(self.last_error_at) if self.last_error_at is not None else None,
             "policy": active.policy.model_dump(mode="json"),
+            "derived_routes": {
+                cls: {"chain": list(d.chain), "reasons": dict(d.reasons), "line": d.describe()}
+                for cls, d in active.derived.items()
+            },
         }
 
     # ----------------------------------------------------------------------- helpers
@@ -170,7 +182,8 @@ class PolicyStore:
             raise PolicyError(f"{self.path}: cannot read routing policy: {exc}") from None
         policy = parse_policy(text, str(self.path), self.known_tiers)
         rules = CompiledClasses.build(policy.classes)
-        return ActivePolicy(policy, rules, digest, self._clock(), str(self.path))
+        policy, derived = derive_routes(policy, self.measured, self.reference)
+        return ActivePolicy(policy, rules, digest, self._clock(), str(self.path), derived)
 
     def _apply(self, new: ActivePolicy) -> None:
         self._active = new  # one assignment: the swap

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from gateway.policy.derive import DerivedChain, Goal, TierFigures, derive_chain
+from pathlib import Path
+
+from gateway.policy.derive import DerivedChain, Goal, TierFigures, derive_chain, derive_routes
+from gateway.policy.schema import parse_policy
+from gateway.policy.store import PolicyStore
 
 ROUTE = ["int4", "int8", "fp16"]
 
@@ -93,3 +97,52 @@ def test_a_less_accurate_tier_must_be_clearly_cheaper_to_stay() -> None:
     clearly = {"fp16": _tier("fp16", 1.0, 0.0190), "int8": _tier("int8", 0.95, 0.0150)}
     derived = derive_chain("tolerant", ["int8", "fp16"], Goal(floor=0.6), clearly, "fp16")
     assert derived.chain == ("int8", "fp16")
+
+
+POLICY = """\
+tiers: [fp16, int8, int4]
+routes:
+  tolerant: {tiers: [int4, int8, fp16], derive: {floor: 0.6}}
+  code: {tiers: [fp16, int8], derive: {floor: 0.9, minimise: throughput}}
+  math: [fp16, int8]
+  long: {strategy: most_free_kv, tiers: [fp16, int8, int4]}
+"""
+
+
+def test_derive_routes_replaces_only_the_derive_routes(tmp_path: Path) -> None:
+    policy = parse_policy(POLICY, "p.yaml")
+    figures = {
+        "fp16": _tier("fp16", 1.0, 0.0187, tput=121),
+        "int8": _tier("int8", 0.95, 0.0164, tput=132),
+        "int4": _tier("int4", 0.65, 0.0261, tput=77),
+    }
+    derived_policy, derived = derive_routes(policy, figures, "fp16")
+    assert derived_policy.routes.tolerant.tiers == ["int8", "fp16"]
+    assert derived_policy.routes.code.tiers == ["int8", "fp16"]
+    assert derived_policy.routes.math.tiers == ["fp16", "int8"]  # as written: no derive
+    assert derived_policy.routes.long.strategy == "most_free_kv"
+    assert set(derived) == {"tolerant", "code"}
+    assert policy.routes.tolerant.tiers == ["int4", "int8", "fp16"]  # the input is untouched
+    assert derive_routes(policy, {}, "fp16") == (policy, {})
+
+
+def test_the_store_serves_derived_routes_and_shows_why(tmp_path: Path) -> None:
+    path = tmp_path / "routing.yaml"
+    path.write_text(POLICY)
+    figures = {
+        "fp16": _tier("fp16", 1.0, 0.0187),
+        "int8": _tier("int8", 0.5, 0.0164),
+        "int4": _tier("int4", 0.8, 0.0100),
+    }
+    store = PolicyStore(path, measured=figures, reference="fp16")
+    active = store.load()
+    assert active.policy.routes.tolerant.tiers == ["int4", "fp16"]
+    status = store.status()
+    entry = status["derived_routes"]["tolerant"]
+    assert entry["chain"] == ["int4", "fp16"]
+    assert "< floor 0.60" in entry["reasons"]["int8"]
+    assert status["policy"]["routes"]["tolerant"]["tiers"] == ["int4", "fp16"]
+    # an edit is derived again on reload
+    path.write_text(POLICY.replace("floor: 0.6}", "floor: 0.9}"))
+    assert store.reload() == "applied"
+    assert store.active.policy.routes.tolerant.tiers == ["fp16"]

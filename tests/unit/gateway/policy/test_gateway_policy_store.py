@@ -263,7 +263,16 @@ def test_the_same_bad_edit_warns_once(
 
 def test_status_describes_the_serving_policy(store: PolicyStore, policy_file: Path) -> None:
     status = store.status()
-    assert set(status) == {"path", "digest", "loaded_at", "last_error", "last_error_at", "policy"}
+    assert set(status) == {
+        "path",
+        "digest",
+        "loaded_at",
+        "last_error",
+        "last_error_at",
+        "policy",
+        "derived_routes",
+    }
+    assert status["derived_routes"] == {}  # no measurements: routes as written
     assert status["path"] == str(policy_file)
     assert status["digest"] == _sha(GOOD)
     assert status["loaded_at"] == "1970-01-01T00:16:40.000Z"
