@@ -191,6 +191,7 @@ class DeriveGoal(Section):
     minimise: Literal["latency", "throughput"] = "latency"
     answer_tokens: PositiveInt = 128  # the answer length a latency cost assumes
     min_gain: float = Field(default=0.05, ge=0, lt=1)
+    overflow: bool = True  # dominated tiers after the reference, for overload only
 
 
 class Route(Section):

@@ -161,7 +161,12 @@ class PolicyStore:
             "last_error_at": _iso(self.last_error_at) if self.last_error_at is not None else None,
             "policy": active.policy.model_dump(mode="json"),
             "derived_routes": {
-                cls: {"chain": list(d.chain), "reasons": dict(d.reasons), "line": d.describe()}
+                cls: {
+                    "chain": list(d.chain),
+                    "overflow": list(d.overflow),
+                    "reasons": dict(d.reasons),
+                    "line": d.describe(),
+                }
                 for cls, d in active.derived.items()
             },
         }

@@ -47,12 +47,12 @@ def test_routes_are_derived_from_this_machines_measurements(stack: Stack) -> Non
     keep only tiers at or above each class's floor, the reference (fp16) last."""
     status = _policy(stack)
     derived = status["derived_routes"]
-    assert set(derived) == {"tolerant", "code", "math"}
-    floors = {"tolerant": 0.6, "code": 0.9, "math": 0.9}
+    assert set(derived) == {"tolerant", "code", "math", "long"}
+    floors = {"tolerant": 0.6, "code": 0.9, "math": 0.9, "long": 0.6}
     for cls, entry in derived.items():
         chain = entry["chain"]
         assert chain and chain[-1] == "fp16", entry
-        assert status["policy"]["routes"][cls]["tiers"] == chain
+        assert status["policy"]["routes"][cls]["tiers"] == chain + entry["overflow"]
         for name in chain[:-1]:
             agreement = float(entry["reasons"][name].split()[1].rstrip(","))
             assert agreement >= floors[cls], entry
