@@ -69,9 +69,15 @@ def build_argv(python: Path, launch: TierLaunch) -> list[str]:
     return [*argv, *launch.extra_args]
 
 
+# Environment variables a tier never inherits: the gateway's plain API and admin keys
+# (MO_GATEWAY_API_KEYS, MO_GATEWAY_ADMIN_KEYS, ...) are the gateway's alone.
+PRIVATE_PREFIXES = ("MO_GATEWAY_",)
+
+
 def build_env(launch: TierLaunch, base: dict[str, str]) -> dict[str, str]:
-    """The server's environment: offline, dev endpoints on (loopback only), no KV override."""
-    env = dict(base)
+    """The server's environment: offline, dev endpoints on (loopback only), no KV override,
+    none of the gateway's keys."""
+    env = {name: value for name, value in base.items() if not name.startswith(PRIVATE_PREFIXES)}
     # VLLM_CPU_KVCACHE_SPACE would override --kv-cache-memory-bytes.
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     env.update(

@@ -53,3 +53,16 @@ def test_env_is_offline_dev_mode_and_drops_kv_space_override() -> None:
     assert env["HF_HUB_OFFLINE"] == "1"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
     assert env["PATH"] == "/bin"
+
+
+def test_env_keeps_the_gateways_plain_keys_out_of_the_tier() -> None:
+    base = {
+        "PATH": "/bin",
+        "MO_GATEWAY_API_KEYS": "client-secret",
+        "MO_GATEWAY_ADMIN_KEYS": "admin-secret",
+        "MO_GATEWAY_ANYTHING": "x",
+    }
+    env = build_env(_launch(), base)
+    assert not [name for name in env if name.startswith("MO_GATEWAY_")]
+    assert "client-secret" not in env.values() and "admin-secret" not in env.values()
+    assert env["PATH"] == "/bin"
