@@ -76,6 +76,9 @@ class TierSpec(Section):
     max_num_batched_tokens: PositiveInt | None = None
     kv_cache_dtype: KVCacheDtype | None = None
     compile_level: int | None = Field(default=None, strict=True, ge=0, le=3)
+    # cuda: start with --enable-sleep-mode, so KV resets sleep and wake the tier. Ignored on
+    # CPU (vLLM refuses the flag there; resets drop the prefix cache instead).
+    sleep_mode: bool = Field(default=True, strict=True)
 
     @field_validator("cpu_threads", mode="before")
     @classmethod
@@ -370,6 +373,7 @@ def _plan_tier(
         gpu_memory_utilization=tier.gpu_memory_utilization if device == "cuda" else None,
         kv_cache_dtype=None if dtype == "auto" else dtype,
         cpu_threads=threads,
+        sleep_mode=tier.sleep_mode and device == "cuda",
         # vLLM's -O<n> is its optimization level (0 = no compile); CPU is always eager.
         extra_args=(f"-O{level}",) if device == "cuda" and level is not None else (),
     )

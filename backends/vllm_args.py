@@ -26,6 +26,9 @@ class TierLaunch:
     kv_cache_dtype: str | None = None
     dtype: str | None = None  # --dtype (None: the variant's own)
     cpu_threads: str | None = None  # e.g. "0-1": VLLM_CPU_OMP_THREADS_BIND
+    # --enable-sleep-mode, so a KV reset can sleep (level 1) and wake the tier; cuda only
+    # (vLLM refuses the flag on CPU, where resets drop the prefix cache instead).
+    sleep_mode: bool = False
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -62,6 +65,8 @@ def build_argv(python: Path, launch: TierLaunch) -> list[str]:
         argv += ["--gpu-memory-utilization", str(launch.gpu_memory_utilization)]
     else:
         argv += ["--kv-cache-memory-bytes", str(launch.kv_cache_memory_bytes)]
+    if launch.device == "cuda" and launch.sleep_mode:
+        argv.append("--enable-sleep-mode")
     if launch.kv_cache_dtype:
         argv += ["--kv-cache-dtype", launch.kv_cache_dtype]
     if launch.dtype:

@@ -66,3 +66,10 @@ def test_env_keeps_the_gateways_plain_keys_out_of_the_tier() -> None:
     assert not [name for name in env if name.startswith("MO_GATEWAY_")]
     assert "client-secret" not in env.values() and "admin-secret" not in env.values()
     assert env["PATH"] == "/bin"
+
+
+def test_sleep_mode_flag_only_on_cuda() -> None:
+    assert "--enable-sleep-mode" in build_argv(Path("p"), _launch(device="cuda", sleep_mode=True))
+    assert "--enable-sleep-mode" not in build_argv(Path("p"), _launch(device="cuda"))
+    # vLLM refuses --enable-sleep-mode on CPU: a CPU launch never carries it.
+    assert "--enable-sleep-mode" not in build_argv(Path("p"), _launch(sleep_mode=True))
