@@ -55,11 +55,13 @@ class SpecError(OperatorYamlError):
 
 
 class RestartPolicy(Section):
-    """How the supervisor restarts a crashed tier: exponential backoff, then give up."""
+    """How the supervisor restarts a crashed tier: exponential backoff, at most
+    ``max_restarts`` restarts in any ``window_s`` seconds."""
 
     max_restarts: NonNegativeInt = 5
     backoff_initial_s: Seconds = 2.0
     backoff_max_s: Seconds = 60.0
+    window_s: Seconds = 600.0
 
 
 class TierSpec(Section):

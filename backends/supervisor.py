@@ -24,9 +24,13 @@ log = logging.getLogger("model_optimizer.supervisor")
 
 @dataclass(frozen=True)
 class RestartPolicy:
+    """At most ``max_restarts`` restarts of a tier in any ``window_s`` seconds, each after an
+    exponential backoff that counts only the restarts in that window."""
+
     max_restarts: int = 5
     backoff_initial_s: float = 2.0
     backoff_max_s: float = 60.0
+    window_s: float = 600.0
 
 
 @dataclass
@@ -36,27 +40,34 @@ class TierRecord:
     launch: TierLaunch
     process: TierProcess
     state: TierState = TierState.DOWN
-    restarts: int = 0
+    restarts: int = 0  # in its lifetime (reported); the cap counts restart_times in the window
+    restart_times: list[float] = field(default_factory=list)  # time.monotonic() of each
     down_since: float | None = None
     last_error: str = ""
     history: list[str] = field(default_factory=list)
 
 
 def restart_delay(restarts: int, policy: RestartPolicy) -> float:
-    """Exponential backoff: initial × 2^restarts, capped."""
+    """Exponential backoff: initial × 2^restarts (those in the window), capped."""
     return float(min(policy.backoff_max_s, policy.backoff_initial_s * (2**restarts)))
 
 
+def recent_restarts(times: list[float], now: float, policy: RestartPolicy) -> int:
+    """How many of the restarts at ``times`` fall in the last ``window_s`` seconds."""
+    return sum(1 for t in times if now - t < policy.window_s)
+
+
 def next_step(
-    record_state: TierState, alive: bool, restarts: int, down_for: float, policy: RestartPolicy
+    record_state: TierState, alive: bool, recent: int, down_for: float, policy: RestartPolicy
 ) -> str:
-    """What to do with a tier now: ``nothing``, ``mark_down``, ``restart`` or ``give_up``."""
+    """What to do with a tier now: ``nothing``, ``mark_down``, ``restart`` or ``capped`` (its
+    ``recent`` restarts, those in the window, reached the cap: wait until one leaves it)."""
     if record_state in (TierState.READY, TierState.DRAINING, TierState.RESETTING) and not alive:
         return "mark_down"
     if record_state is TierState.DOWN and not alive:
-        if restarts >= policy.max_restarts:
-            return "give_up"
-        if down_for >= restart_delay(restarts, policy):
+        if recent >= policy.max_restarts:
+            return "capped"
+        if down_for >= restart_delay(recent, policy):
             return "restart"
     return "nothing"
 
@@ -166,23 +177,36 @@ class Supervisor:
 
     def _supervise(self, name: str) -> None:
         record = self.records[name]
-        down_for = time.monotonic() - record.down_since if record.down_since else 0.0
-        step = next_step(
-            record.state, record.process.alive(), record.restarts, down_for, self.policy
-        )
+        now = time.monotonic()
+        down_for = now - record.down_since if record.down_since else 0.0
+        recent = recent_restarts(record.restart_times, now, self.policy)
+        step = next_step(record.state, record.process.alive(), recent, down_for, self.policy)
         if step == "mark_down":
             code = record.process.process.returncode if record.process.process else None
             record.process.stop(grace=5)  # reap its workers too
             self.set_state(name, TierState.DOWN, f"exited with {code}")
         elif step == "restart":
             record.restarts += 1
-            log.warning("tier %s: restart %d/%d", name, record.restarts, self.policy.max_restarts)
+            record.restart_times = [
+                t for t in record.restart_times if now - t < self.policy.window_s
+            ]
+            record.restart_times.append(now)
+            log.warning(
+                "tier %s: restart (%d in the last %gs, at most %d)",
+                name,
+                len(record.restart_times),
+                self.policy.window_s,
+                self.policy.max_restarts,
+            )
             try:
                 self._start_one(name)
             except (TierStartError, OSError, RuntimeError) as exc:
                 log.error("tier %s: restart failed: %s", name, exc)
-        elif step == "give_up" and "gave up" not in record.last_error:
-            record.last_error = f"gave up after {record.restarts} restarts"
+        elif step == "capped" and not record.last_error.startswith("restart cap"):
+            record.last_error = (
+                f"restart cap: {recent} restarts in the last {self.policy.window_s:g}s; the "
+                "next waits until the oldest leaves that window"
+            )
             log.error("tier %s: %s", name, record.last_error)
 
     # -- stop --------------------------------------------------------------------------------

@@ -3,11 +3,17 @@ import sys
 import time
 from pathlib import Path
 
-from backends.supervisor import RestartPolicy, Supervisor, next_step, restart_delay
+from backends.supervisor import (
+    RestartPolicy,
+    Supervisor,
+    next_step,
+    recent_restarts,
+    restart_delay,
+)
 from backends.tier_state import TierState
 from backends.vllm_args import TierLaunch
 
-POLICY = RestartPolicy(max_restarts=3, backoff_initial_s=1.0, backoff_max_s=5.0)
+POLICY = RestartPolicy(max_restarts=3, backoff_initial_s=1.0, backoff_max_s=5.0, window_s=60.0)
 
 
 def test_backoff_doubles_and_caps() -> None:
@@ -20,7 +26,47 @@ def test_next_step_decisions() -> None:
     assert next_step(TierState.DRAINING, False, 0, 0.0, POLICY) == "mark_down"
     assert next_step(TierState.DOWN, False, 1, 1.0, POLICY) == "nothing"  # backoff 2 s
     assert next_step(TierState.DOWN, False, 1, 2.5, POLICY) == "restart"
-    assert next_step(TierState.DOWN, False, 3, 99.0, POLICY) == "give_up"
+    assert next_step(TierState.DOWN, False, 3, 99.0, POLICY) == "capped"
+
+
+def test_the_restart_cap_is_a_rate() -> None:
+    """At most max_restarts restarts in any window_s seconds: old restarts stop counting."""
+    times = [0.0, 10.0, 50.0]
+    assert recent_restarts(times, 55.0, POLICY) == 3  # all within the last 60 s: capped
+    assert next_step(TierState.DOWN, False, recent_restarts(times, 55.0, POLICY), 99.0, POLICY)
+    assert recent_restarts(times, 60.5, POLICY) == 2  # the first left the window
+    assert recent_restarts(times, 200.0, POLICY) == 0  # backoff starts over, too
+    step = next_step(TierState.DOWN, False, recent_restarts(times, 200.0, POLICY), 1.0, POLICY)
+    assert step == "restart"
+
+
+def _restarted(sup: Supervisor, name: str, before: object, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        proc = sup.records[name].process.process
+        if proc is not before and sup.states()[name] is TierState.READY:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_tier_that_crashes_once_per_window_is_always_restarted(tmp_path: Path) -> None:
+    """One restart allowed per second: a crash, a quiet second, a crash again: both restarted
+    (a cap per lifetime gave up on the second)."""
+    launch = TierLaunch(name="int4", model_dir=tmp_path, served_model_name="m", port=_port())
+    policy = RestartPolicy(max_restarts=1, backoff_initial_s=0.1, backoff_max_s=0.1, window_s=1.0)
+    sup = Supervisor([launch], _fake_server(tmp_path), tmp_path / "logs", policy)
+    sup.start_all()
+    try:
+        for crash in (1, 2):
+            first = sup.records["int4"].process.process
+            assert first is not None
+            first.kill()
+            assert _restarted(sup, "int4", first), sup.records["int4"].history
+            assert sup.records["int4"].restarts == crash
+            time.sleep(1.2)  # the restart leaves the window
+    finally:
+        sup.stop_all()
 
 
 def _fake_server(tmp_path: Path) -> Path:
