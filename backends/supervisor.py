@@ -1,13 +1,16 @@
 """Keep the tiers running: start them in turn, warm them up, restart a crashed one with backoff.
 
-Decisions are pure (``restart_delay``, ``next_step``); ``Supervisor`` does the I/O. Each
-tier's ``TierState`` (backends/tier_state.py) is published through a callback and ``states()``,
-so the gateway routes only to ready tiers. ``stop_all`` stops the monitor first, then every
-tier's whole process group: no orphans.
+Decisions are pure (``restart_delay``, ``recent_restarts``, ``next_step``); ``Supervisor`` does
+the I/O, one watching thread per tier, so a tier's slow restart holds up no other tier (on a
+GPU only the starts themselves take turns: vLLM's memory profiling breaks when two servers
+start at once). Each tier's ``TierState`` (backends/tier_state.py) is published through a
+callback and ``states()``, so the gateway routes only to ready tiers. ``stop_all`` stops the
+watchers first, then every tier's whole process group: no orphans.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -45,6 +48,8 @@ class TierRecord:
     down_since: float | None = None
     last_error: str = ""
     history: list[str] = field(default_factory=list)
+    # Held while the tier is being started, restarted or replaced: its watcher skips a turn.
+    busy: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
 def restart_delay(restarts: int, policy: RestartPolicy) -> float:
@@ -101,7 +106,8 @@ class Supervisor:
         self._start_timeout = start_timeout
         self._stop = threading.Event()
         self._lock = threading.RLock()
-        self._monitor: threading.Thread | None = None
+        self._start_turn = threading.Lock()  # GPU tiers start one at a time
+        self._watchers: list[threading.Thread] = []
 
     # -- state -------------------------------------------------------------------------------
     def states(self) -> dict[str, TierState]:
@@ -134,8 +140,12 @@ class Supervisor:
         """Start every tier in turn, each healthy and warm before the next (GPU profiling)."""
         for name in self.records:
             self._start_one(name, on_tick)
-        self._monitor = threading.Thread(target=self._watch, name="tier-supervisor", daemon=True)
-        self._monitor.start()
+        for name in self.records:
+            watcher = threading.Thread(
+                target=self._watch, args=(name,), name=f"tier-supervisor-{name}", daemon=True
+            )
+            self._watchers.append(watcher)
+            watcher.start()
 
     def _start_one(self, name: str, on_tick: Callable[[str, float], None] | None = None) -> None:
         record = self.records[name]
@@ -143,9 +153,11 @@ class Supervisor:
             return
         self.set_state(name, TierState.STARTING)
         tick = (lambda elapsed: on_tick(name, elapsed)) if on_tick else None
+        turn = self._start_turn if record.launch.device == "cuda" else contextlib.nullcontext()
         try:
-            record.process.start()
-            record.process.wait_ready(self._start_timeout, on_tick=tick)
+            with turn:
+                record.process.start()
+                record.process.wait_ready(self._start_timeout, on_tick=tick)
             if self._warm_up:
                 self._warm_up(record.launch)
         except Exception as exc:
@@ -158,22 +170,27 @@ class Supervisor:
     def replace(self, name: str, launch: TierLaunch) -> None:
         """Serve tier ``name`` from ``launch`` instead (e.g. an emulated copy the admission check
         asked for): stop its process, start the new one, healthy and warm (raises like
-        ``start_all``). The restart count is kept."""
-        with self._lock:
-            record = self.records[name]
-            record.process.stop()
-            self.set_state(name, TierState.DOWN, "replaced")
-            record.launch = launch
-            record.process = TierProcess(launch, record.process.python, record.process.log_path)
-        self._start_one(name)
+        ``start_all``). The restart count is kept; a restart in progress finishes first."""
+        record = self.records[name]
+        with record.busy:
+            with self._lock:
+                record.process.stop()
+                self.set_state(name, TierState.DOWN, "replaced")
+                record.launch = launch
+                record.process = TierProcess(launch, record.process.python, record.process.log_path)
+            self._start_one(name)
 
     # -- supervision -------------------------------------------------------------------------
-    def _watch(self, interval: float = 1.0) -> None:
+    def _watch(self, name: str, interval: float = 1.0) -> None:
+        """One tier's watcher: its restarts block only itself."""
+        record = self.records[name]
         while not self._stop.wait(interval):
-            for name in list(self.records):
-                if self._stop.is_set():
-                    return
+            if not record.busy.acquire(blocking=False):
+                continue  # being replaced
+            try:
                 self._supervise(name)
+            finally:
+                record.busy.release()
 
     def _supervise(self, name: str) -> None:
         record = self.records[name]
@@ -216,8 +233,10 @@ class Supervisor:
         # Stop the processes first: a restart in progress then fails fast instead of waiting.
         for record in self.records.values():
             record.process.stop()
-        if self._monitor and self._monitor is not threading.current_thread():
-            self._monitor.join(timeout=60)
+        deadline = time.monotonic() + 60
+        for watcher in self._watchers:
+            if watcher is not threading.current_thread():
+                watcher.join(timeout=max(0.0, deadline - time.monotonic()))
         for name, record in self.records.items():
             record.process.stop()  # anything the monitor started meanwhile
             self.set_state(name, TierState.DOWN, "stopped")

@@ -69,13 +69,47 @@ def test_a_tier_that_crashes_once_per_window_is_always_restarted(tmp_path: Path)
         sup.stop_all()
 
 
+def test_a_slow_restart_does_not_hold_up_another_tiers(tmp_path: Path) -> None:
+    """int4's restart takes 30 s to become healthy; fp16, crashed meanwhile, is restarted in
+    seconds (one supervising thread per tier; a single one waited for int4 first)."""
+    launches = [
+        TierLaunch(name=n, model_dir=tmp_path, served_model_name="m", port=_port())
+        for n in ("fp16", "int4")
+    ]
+    policy = RestartPolicy(max_restarts=3, backoff_initial_s=0.1, backoff_max_s=0.1)
+    sup = Supervisor(launches, _fake_server(tmp_path), tmp_path / "logs", policy, start_timeout=60)
+    sup.start_all()
+    try:
+        (tmp_path / f"slow-{launches[1].port}").touch()  # int4's next start: 30 s
+        int4 = sup.records["int4"].process.process
+        assert int4 is not None
+        int4.kill()
+        deadline = time.monotonic() + 10
+        while (
+            sup.records["int4"].process.process is int4 or not sup.records["int4"].process.alive()
+        ):
+            assert time.monotonic() < deadline, sup.records["int4"].history
+            time.sleep(0.05)
+        assert sup.states()["int4"] is TierState.STARTING
+        fp16 = sup.records["fp16"].process.process
+        assert fp16 is not None
+        fp16.kill()
+        assert _restarted(sup, "fp16", fp16, timeout=10), sup.records["fp16"].history
+        assert sup.states()["int4"] is TierState.STARTING  # still on its slow start
+    finally:
+        sup.stop_all()
+
+
 def _fake_server(tmp_path: Path) -> Path:
-    """A stand-in for vLLM: answers /health on the --port it is given."""
+    """A stand-in for vLLM: answers /health on the --port it is given (after 30 s when the file
+    slow-<port> exists beside it)."""
     script = tmp_path / "python"
     script.write_text(
         f"#!{sys.executable}\n"
-        "import sys, http.server\n"
+        "import os, sys, time, http.server\n"
         "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
+        f"if os.path.exists(os.path.join({str(tmp_path)!r}, f'slow-{{port}}')):\n"
+        "    time.sleep(30)\n"
         "class H(http.server.BaseHTTPRequestHandler):\n"
         "    def do_GET(self):\n"
         "        self.send_response(200); self.end_headers()\n"
