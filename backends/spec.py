@@ -62,6 +62,9 @@ class RestartPolicy(Section):
     backoff_initial_s: Seconds = 2.0
     backoff_max_s: Seconds = 60.0
     window_s: Seconds = 600.0
+    health_interval_s: Seconds = 5.0
+    health_timeout_s: Seconds = 5.0
+    health_misses: PositiveInt = 3
 
 
 class TierSpec(Section):

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
 from backends.process import TierProcess, TierStartError
 from backends.tier_state import TierState
 from backends.vllm_args import TierLaunch
@@ -28,12 +30,17 @@ log = logging.getLogger("model_optimizer.supervisor")
 @dataclass(frozen=True)
 class RestartPolicy:
     """At most ``max_restarts`` restarts of a tier in any ``window_s`` seconds, each after an
-    exponential backoff that counts only the restarts in that window."""
+    exponential backoff that counts only the restarts in that window. A serving tier whose
+    process lives but whose ``/health`` misses ``health_misses`` probes in a row (one every
+    ``health_interval_s``, each given ``health_timeout_s``) is hung: killed and restarted."""
 
     max_restarts: int = 5
     backoff_initial_s: float = 2.0
     backoff_max_s: float = 60.0
     window_s: float = 600.0
+    health_interval_s: float = 5.0
+    health_timeout_s: float = 5.0
+    health_misses: int = 3
 
 
 @dataclass
@@ -45,6 +52,8 @@ class TierRecord:
     state: TierState = TierState.DOWN
     restarts: int = 0  # in its lifetime (reported); the cap counts restart_times in the window
     restart_times: list[float] = field(default_factory=list)  # time.monotonic() of each
+    misses: int = 0  # /health probes missed in a row while serving
+    next_probe: float = 0.0
     down_since: float | None = None
     last_error: str = ""
     history: list[str] = field(default_factory=list)
@@ -62,13 +71,24 @@ def recent_restarts(times: list[float], now: float, policy: RestartPolicy) -> in
     return sum(1 for t in times if now - t < policy.window_s)
 
 
+SERVING = (TierState.READY, TierState.DRAINING, TierState.RESETTING)
+
+
 def next_step(
-    record_state: TierState, alive: bool, recent: int, down_for: float, policy: RestartPolicy
+    record_state: TierState,
+    alive: bool,
+    recent: int,
+    down_for: float,
+    policy: RestartPolicy,
+    misses: int = 0,
 ) -> str:
-    """What to do with a tier now: ``nothing``, ``mark_down``, ``restart`` or ``capped`` (its
+    """What to do with a tier now: ``nothing``, ``mark_down`` (its process died), ``hung`` (it
+    lives but missed ``misses`` health probes in a row), ``restart`` or ``capped`` (its
     ``recent`` restarts, those in the window, reached the cap: wait until one leaves it)."""
-    if record_state in (TierState.READY, TierState.DRAINING, TierState.RESETTING) and not alive:
+    if record_state in SERVING and not alive:
         return "mark_down"
+    if record_state in SERVING and misses >= policy.health_misses:
+        return "hung"
     if record_state is TierState.DOWN and not alive:
         if recent >= policy.max_restarts:
             return "capped"
@@ -79,6 +99,16 @@ def next_step(
 
 StateListener = Callable[[str, TierState], None]
 WarmUp = Callable[[TierLaunch], None]
+Probe = Callable[[TierLaunch, float], bool]
+
+
+def probe_health(launch: TierLaunch, timeout: float) -> bool:
+    """True when the tier's ``/health`` answers 200 within ``timeout`` seconds."""
+    try:
+        url = f"http://{launch.host}:{launch.port}/health"
+        return httpx.get(url, timeout=timeout, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 class Supervisor:
@@ -93,8 +123,10 @@ class Supervisor:
         warm_up: WarmUp | None = None,
         on_state: StateListener | None = None,
         start_timeout: float = 300.0,
+        probe: Probe = probe_health,
     ) -> None:
         self.policy = policy or RestartPolicy()
+        self._probe = probe
         self.records = {
             launch.name: TierRecord(
                 launch, TierProcess(launch, python, log_dir / f"tier-{launch.name}.log")
@@ -195,13 +227,29 @@ class Supervisor:
     def _supervise(self, name: str) -> None:
         record = self.records[name]
         now = time.monotonic()
+        alive = record.process.alive()
+        if record.state not in SERVING or not alive:
+            record.misses = 0
+        elif now >= record.next_probe:
+            healthy = self._probe(record.launch, self.policy.health_timeout_s)
+            record.misses = 0 if healthy else record.misses + 1
+            record.next_probe = time.monotonic() + self.policy.health_interval_s
         down_for = now - record.down_since if record.down_since else 0.0
         recent = recent_restarts(record.restart_times, now, self.policy)
-        step = next_step(record.state, record.process.alive(), recent, down_for, self.policy)
+        step = next_step(record.state, alive, recent, down_for, self.policy, record.misses)
         if step == "mark_down":
             code = record.process.process.returncode if record.process.process else None
             record.process.stop(grace=5)  # reap its workers too
             self.set_state(name, TierState.DOWN, f"exited with {code}")
+        elif step == "hung":
+            note = (
+                f"hung: /health missed {record.misses} probes in a row "
+                f"({self.policy.health_timeout_s:g}s each); killed"
+            )
+            record.misses = 0
+            record.last_error = note
+            record.process.stop(grace=5)  # SIGTERM, then SIGKILL to its whole group
+            self.set_state(name, TierState.DOWN, note)
         elif step == "restart":
             record.restarts += 1
             record.restart_times = [

@@ -29,6 +29,13 @@ def test_next_step_decisions() -> None:
     assert next_step(TierState.DOWN, False, 3, 99.0, POLICY) == "capped"
 
 
+def test_a_live_tier_that_misses_health_probes_in_a_row_is_hung() -> None:
+    policy = RestartPolicy(health_misses=3)
+    assert next_step(TierState.READY, True, 0, 0.0, policy, misses=2) == "nothing"
+    assert next_step(TierState.READY, True, 0, 0.0, policy, misses=3) == "hung"
+    assert next_step(TierState.STARTING, True, 0, 0.0, policy, misses=3) == "nothing"
+
+
 def test_the_restart_cap_is_a_rate() -> None:
     """At most max_restarts restarts in any window_s seconds: old restarts stop counting."""
     times = [0.0, 10.0, 50.0]
@@ -100,9 +107,30 @@ def test_a_slow_restart_does_not_hold_up_another_tiers(tmp_path: Path) -> None:
         sup.stop_all()
 
 
+def test_a_hung_tier_is_killed_and_restarted(tmp_path: Path) -> None:
+    """The process lives on but /health stops answering: after health_misses probes in a row
+    the supervisor kills its process group and restarts it (it was never restarted before)."""
+    launch = TierLaunch(name="int8", model_dir=tmp_path, served_model_name="m", port=_port())
+    policy = RestartPolicy(
+        backoff_initial_s=0.1, health_interval_s=0.2, health_timeout_s=0.5, health_misses=3
+    )
+    sup = Supervisor([launch], _fake_server(tmp_path), tmp_path / "logs", policy)
+    sup.start_all()
+    try:
+        hung = sup.records["int8"].process.process
+        assert hung is not None
+        (tmp_path / f"hang-{hung.pid}").touch()
+        assert _restarted(sup, "int8", hung), sup.records["int8"].history
+        assert hung.poll() is not None  # killed, not left running beside the new one
+        assert any("hung" in line for line in sup.records["int8"].history)
+        assert sup.records["int8"].restarts == 1
+    finally:
+        sup.stop_all()
+
+
 def _fake_server(tmp_path: Path) -> Path:
     """A stand-in for vLLM: answers /health on the --port it is given (after 30 s when the file
-    slow-<port> exists beside it)."""
+    slow-<port> exists beside it; never once hang-<pid> exists)."""
     script = tmp_path / "python"
     script.write_text(
         f"#!{sys.executable}\n"
@@ -112,6 +140,8 @@ def _fake_server(tmp_path: Path) -> Path:
         "    time.sleep(30)\n"
         "class H(http.server.BaseHTTPRequestHandler):\n"
         "    def do_GET(self):\n"
+        f"        if os.path.exists(os.path.join({str(tmp_path)!r}, f'hang-{{os.getpid()}}')):\n"
+        "            time.sleep(3600)\n"
         "        self.send_response(200); self.end_headers()\n"
         "    def log_message(self, *a): pass\n"
         "http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()\n"
