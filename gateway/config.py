@@ -3,6 +3,8 @@
 API keys are stored hashed (sha256 hex): ``api_key_hashes`` / ``admin_key_hashes`` in the file,
 or plain keys in the environment (``MO_GATEWAY_API_KEYS``, ``MO_GATEWAY_ADMIN_KEYS``, comma
 separated), hashed by ``keys_from_environment`` as the config is built and never kept in clear.
+The key the gateway sends to its tiers (``TierEndpoint.api_key``) must stay in clear; it comes
+from the file or from ``MO_TIER_API_KEY``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ class TierEndpoint(BaseModel):
     # measure/admission.py); None: every class. A route naming the tier skips it for others.
     classes: list[str] | None = None
     admission: str | None = None  # the verdict's one line, for /admin/tiers and route reasons
+    # The tier's own key (backends/tier_guard.py), sent as its bearer token on every call;
+    # None: none sent. Kept out of repr; from MO_TIER_API_KEY when the file gives none.
+    api_key: str | None = Field(default=None, min_length=1, repr=False)
 
     @field_validator("base_url")
     @classmethod
@@ -105,6 +110,7 @@ class GatewayConfig(BaseModel):
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 API_KEYS_ENV = "MO_GATEWAY_API_KEYS"
 ADMIN_KEYS_ENV = "MO_GATEWAY_ADMIN_KEYS"
+TIER_KEY_ENV = "MO_TIER_API_KEY"
 
 
 def hash_key(key: str) -> str:
@@ -116,12 +122,20 @@ def keys_from_environment(
     config: GatewayConfig, environ: Mapping[str, str] | None = None
 ) -> GatewayConfig:
     """``config`` with the keys of ``MO_GATEWAY_API_KEYS`` / ``MO_GATEWAY_ADMIN_KEYS`` added,
-    hashed (the plain keys go no further than this function)."""
+    hashed (the plain keys go no further than this function), and ``MO_TIER_API_KEY`` as the
+    ``api_key`` of every tier that has none."""
     env = os.environ if environ is None else environ
 
     def hashed(name: str) -> list[str]:
         return [hash_key(key.strip()) for key in env.get(name, "").split(",") if key.strip()]
 
+    tier_key = env.get(TIER_KEY_ENV, "").strip()
+    if tier_key and any(tier.api_key is None for tier in config.tiers):
+        tiers = [
+            tier if tier.api_key else tier.model_copy(update={"api_key": tier_key})
+            for tier in config.tiers
+        ]
+        config = config.model_copy(update={"tiers": tiers})
     api, admin = hashed(API_KEYS_ENV), hashed(ADMIN_KEYS_ENV)
     if not api and not admin:
         return config

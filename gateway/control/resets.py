@@ -316,7 +316,12 @@ class ResetCoordinator:
         if tier not in self._clients:
             endpoint = self.runtime.board.tiers[tier]
             model = self.runtime.config.model_name
-            client = TierClient(endpoint.base_url, self.runtime.upstream.client, model=model)
+            client = TierClient(
+                endpoint.base_url,
+                self.runtime.upstream.client,
+                model=model,
+                api_key=endpoint.api_key,
+            )
             self._clients[tier] = client
         return self._clients[tier]
 

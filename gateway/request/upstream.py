@@ -117,12 +117,16 @@ class Upstream:
         *,
         quiet: bool = False,
     ) -> httpx.Response:
-        """Open a streamed request; the caller must close the response (``aclose_quietly``)."""
+        """Open a streamed request; the caller must close the response (``aclose_quietly``).
+        The tier's own key, if it has one, is its bearer token (never the client's)."""
+        sent = forward_headers(headers or {})
+        if tier.api_key:
+            sent["authorization"] = f"Bearer {tier.api_key}"
         request = self.client.build_request(
             method,
             tier.base_url + path,
             json=json_body,
-            headers=forward_headers(headers or {}),
+            headers=sent,
             timeout=httpx.Timeout(timeout) if timeout is not None else httpx.USE_CLIENT_DEFAULT,
         )
         try:

@@ -239,3 +239,27 @@ def test_admin_resets_queue_and_describe(
     assert described["history"] == [] and described["current"] is None
     assert "enabled" in described["schedule"]
     assert client.post(f"{gateway}/admin/resets/t9", headers=auth).status_code == 404
+
+
+def test_the_coordinators_own_tier_client_sends_the_tiers_key(
+    make_stub: Any, tmp_path: Path
+) -> None:
+    """Resets reach the tier guard's routes (backends/tier_guard.py) with the tier's key."""
+    stubs = [make_stub() for _ in range(3)]
+    tiers = [
+        TierEndpoint(name=name, base_url=stub.url, api_key=f"key-{name}")
+        for name, stub in zip(("fp16", "int8", "int4"), stubs, strict=True)
+    ]
+    config = GatewayConfig(
+        model_name="stub-model", tiers=tiers, policy_path=str(_policy(tmp_path)), watch_policy=False
+    )
+    app = create_app(config)
+
+    async def main() -> None:
+        async with app.router.lifespan_context(app):
+            runtime: Runtime = app.state.runtime
+            coordinator = ResetCoordinator(runtime, LeaderLock(None, "test:leader", ttl=30.0))
+            await coordinator._tier_client("int8").warm_up("stub-model", requests=1)
+
+    asyncio.run(main())
+    assert stubs[1].last_request["headers"]["authorization"] == "Bearer key-int8"
