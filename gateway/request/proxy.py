@@ -37,7 +37,18 @@ from gateway.telemetry import ATTR_CLASS, ATTR_INPUT_TOKENS, ATTR_REASON, inject
 logger = logging.getLogger(__name__)
 
 TIER_HEADER = "x-route-tier"
-__all__ = ["UpstreamStreamingResponse", "check_model", "parse_json_object", "wants_stream"]
+# Objects and arrays in a request body, nested; OpenAI bodies (tool and response schemas
+# included) stay far below it, and it keeps every later encoder and walker off the recursion
+# limit (json.dumps of the body to a tier, for one).
+MAX_JSON_DEPTH = 64
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "UpstreamStreamingResponse",
+    "check_model",
+    "parse_json_object",
+    "wants_stream",
+]
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
@@ -58,9 +69,18 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """Decode a JSON object body; anything else is a one-line 400."""
+    """Decode a JSON object body nested at most ``MAX_JSON_DEPTH`` levels; anything else is a
+    one-line 400 (a body of ``[`` too: refused before the decoder, which recurses, sees it)."""
+    too_deep = APIError(
+        400,
+        f"request body is nested too deeply (objects and arrays more than {MAX_JSON_DEPTH} levels)",
+    )
+    if nested_deeper_than(raw, MAX_JSON_DEPTH):
+        raise too_deep
     try:
         body = json.loads(raw)
+    except RecursionError as exc:
+        raise too_deep from exc
     except json.JSONDecodeError as exc:
         raise APIError(
             400,
@@ -71,6 +91,26 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise APIError(400, f"request body must be a JSON object, got {type(body).__name__}")
     return body
+
+
+def nested_deeper_than(raw: bytes, limit: int) -> bool:
+    """Whether the JSON text ``raw`` nests objects and arrays more than ``limit`` levels (or
+    has brackets that never pair up, which the decoder then refuses anyway).
+
+    Byte operations only (no recursion, no Python loop per byte): string contents are dropped
+    (escapes first, then everything between two quotes), the brackets kept, and innermost
+    ``[]``/``{}`` pairs removed ``limit`` times; anything left is deeper than ``limit``.
+    """
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    bare = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    brackets = b"".join(bare.split(b'"')[::2]).translate(None, _NOT_BRACKETS)
+    for _ in range(limit):
+        paired = brackets.replace(b"[]", b"").replace(b"{}", b"")
+        if len(paired) == len(brackets):
+            break
+        brackets = paired
+    return bool(brackets)
 
 
 def check_model(body: dict[str, Any], model_name: str) -> dict[str, Any]:

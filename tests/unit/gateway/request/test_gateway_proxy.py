@@ -17,8 +17,10 @@ from starlette.types import Message
 from gateway.config import TierEndpoint
 from gateway.errors import APIError
 from gateway.request.proxy import (
+    MAX_JSON_DEPTH,
     UpstreamStreamingResponse,
     check_model,
+    nested_deeper_than,
     parse_json_object,
     wants_stream,
 )
@@ -66,6 +68,33 @@ def test_parse_json_object_rejects_undecodable_bytes() -> None:
     with pytest.raises(APIError) as caught:
         parse_json_object(b"\xff\xfe\xfa")
     assert caught.value.status == 400
+
+
+@pytest.mark.parametrize("raw", [b"[" * 100_000, b'{"a": ' * 100_000])
+def test_parse_json_object_refuses_nesting_too_deep_for_the_decoder(raw: bytes) -> None:
+    with pytest.raises(APIError) as caught:  # RecursionError escaped: a 500
+        parse_json_object(raw)
+    assert caught.value.status == 400
+    assert "nested too deeply" in caught.value.message
+
+
+def test_parse_json_object_refuses_valid_json_nested_past_the_limit() -> None:
+    # Valid, but deep enough to make later encoders and walkers recurse: refused up front.
+    raw = b'{"model": "m", "x": ' + b'{"a": ' * 200 + b"1" + b"}" * 200 + b"}"
+    with pytest.raises(APIError) as caught:
+        parse_json_object(raw)
+    assert caught.value.status == 400
+    assert f"more than {MAX_JSON_DEPTH} levels" in caught.value.message
+    shallow = b'{"x": ' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1) + b"}"
+    assert "x" in parse_json_object(shallow)
+
+
+def test_nesting_is_measured_outside_strings_only() -> None:
+    deep = b"[" * 65 + b"]" * 65
+    assert nested_deeper_than(deep, 64) and not nested_deeper_than(deep, 65)
+    brackets_in_text = json.dumps({"prompt": "[" * 500 + '\\"{' * 100, "n": [[1]] * 500})
+    assert not nested_deeper_than(brackets_in_text.encode(), 64)
+    assert json.loads(brackets_in_text)  # the strings held escapes and brackets, the body is flat
 
 
 def test_check_model_defaults_missing_model_and_rejects_others() -> None:
@@ -192,6 +221,20 @@ def test_malformed_json_is_400(stub: Any, start_gateway: Any, client: httpx.Clie
     error = assert_error_shape(response, 400)
     assert error["type"] == "invalid_request_error"
     assert "not valid JSON" in error["message"]
+    assert stub.requests == []
+
+
+def test_a_body_of_brackets_is_400_not_500(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = start_gateway(stub.url)
+    response = client.post(
+        f"{gateway}/v1/chat/completions",
+        content=b"[" * 100_000,
+        headers={"content-type": "application/json"},
+    )
+    error = assert_error_shape(response, 400)
+    assert "nested too deeply" in error["message"]
     assert stub.requests == []
 
 
