@@ -9,7 +9,8 @@ with ``Retry-After`` when no tier can take it now. Nothing here does I/O: the ti
 come from gateway/control/tier_status.py and the policy from gateway/policy/store.py.
 
 Order of the checks (policies/routing.yaml explains each knob):
-1. the prompt is counted with the model's tokenizer (chat template applied);
+1. the prompt is counted with the model's tokenizer (chat template applied), given a context
+   limit only as far as it (a longer prompt is refused at once: bounded work per request);
 2. the classifier names its class (gateway/request/classify.py);
 3. a prompt over ``limits.max_input_tokens`` is refused or re-classed ``long``;
 4. the route of the class gives the tiers that are ready, unsaturated and long enough
@@ -41,22 +42,32 @@ CHAT = "/v1/chat/completions"
 
 
 class PromptCounter(Protocol):
-    """What counting needs (gateway/request/limits.py ``TokenCounter`` or ``ByteCounter``)."""
+    """What counting needs (gateway/request/limits.py ``TokenCounter`` or ``ByteCounter``).
 
-    def count_text(self, text: str) -> int: ...
+    With ``limit`` a count is exact up to ``limit`` and some number above it past it (the
+    counter may stop early: bounded work whatever the prompt's length)."""
 
-    def count_chat(self, messages: Sequence[Mapping[str, Any]]) -> int: ...
+    def count_text(self, text: str, *, limit: int | None = None) -> int: ...
+
+    def count_chat(
+        self, messages: Sequence[Mapping[str, Any]], *, limit: int | None = None
+    ) -> int: ...
 
 
 class ByteCounter:
     """Without a tokenizer: UTF-8 bytes bound the tokens of a byte-level BPE from above."""
 
-    def count_text(self, text: str) -> int:
+    def count_text(self, text: str, *, limit: int | None = None) -> int:
         return len(text.encode("utf-8", "surrogatepass")) + 1
 
-    def count_chat(self, messages: Sequence[Mapping[str, Any]]) -> int:
-        texts = (piece for message in messages for piece in content_texts(message.get("content")))
-        return sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) + 16 * len(messages)
+    def count_chat(self, messages: Sequence[Mapping[str, Any]], *, limit: int | None = None) -> int:
+        total = 0
+        for message in messages:
+            texts = content_texts(message.get("content"))
+            total += sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) + 16
+            if limit is not None and total > limit:
+                break
+        return total
 
 
 @dataclass(frozen=True)
@@ -108,9 +119,26 @@ def assess(
     policy: RoutingPolicy,
     rules: CompiledClasses,
     counter: PromptCounter,
+    *,
+    context_limit: int | None = None,
 ) -> Assessment:
-    """Steps 1-3: count the prompt, classify it, apply the gateway-wide prompt limit."""
-    input_tokens = count_prompt(body, path, counter)
+    """Steps 1-3: count the prompt, classify it, apply the gateway-wide prompt limit.
+
+    ``context_limit``: the longest context of any tier (``max_model_len``); a prompt of that
+    many tokens fits nowhere, so it is counted only that far and refused (400).
+    """
+    limit = context_limit - 1 if context_limit is not None else None
+    input_tokens = count_prompt(body, path, counter, limit)
+    if limit is not None and input_tokens > limit:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {context_limit} tokens. However, your "
+            f"messages resulted in at least {context_limit} tokens. Please reduce the length "
+            "of the messages.",
+            INVALID_REQUEST,
+            param="messages" if path == CHAT else "prompt",
+            code=CONTEXT_LENGTH_EXCEEDED,
+        )
     field, max_tokens = requested_max_tokens(body, path)
     found = classify(request_text(body), input_tokens, rules)
     gate = check_prompt(input_tokens, policy.limits)
@@ -175,8 +203,11 @@ def route_headers(cls: str | None, tier: str | None, reason: str | None) -> dict
     return {key: _header(value) for key, value in headers.items() if value}
 
 
-def count_prompt(body: Mapping[str, Any], path: str, counter: PromptCounter) -> int:
-    """Prompt tokens of a chat or completions body; 400 for a malformed prompt."""
+def count_prompt(
+    body: Mapping[str, Any], path: str, counter: PromptCounter, limit: int | None = None
+) -> int:
+    """Prompt tokens of a chat or completions body (the longest prompt of a list); 400 for a
+    malformed prompt. With ``limit``: exact up to it, some number above it past it."""
     if path == CHAT:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -184,13 +215,13 @@ def count_prompt(body: Mapping[str, Any], path: str, counter: PromptCounter) -> 
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise _invalid(f"messages[{i}] must be an object with a string 'role'", "messages")
-        return counter.count_chat(messages)
+        return counter.count_chat(messages, limit=limit)
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return counter.count_text(prompt)
+        return counter.count_text(prompt, limit=limit)
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return max(counter.count_text(p) for p in prompt)
+            return max(counter.count_text(p, limit=limit) for p in prompt)
         if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
             return len(prompt)
         if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):

@@ -178,7 +178,10 @@ async def _completion(
     )
     active = runtime.policies.active
     with tracer.start_as_current_span("classify") as span:
-        found = assess(body, path, active.policy, active.rules, runtime.counter)
+        longest = max(tier.max_model_len for tier in config.tiers)
+        found = assess(
+            body, path, active.policy, active.rules, runtime.counter, context_limit=longest
+        )
         span.set_attributes(
             {
                 ATTR_CLASS: found.cls,
