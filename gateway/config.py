@@ -50,6 +50,9 @@ class GatewayConfig(BaseModel):
     connect_timeout: float = Field(default=5.0, gt=0)
     read_timeout: float = Field(default=600.0, gt=0)
     max_body_bytes: int = Field(default=1_000_000, gt=0)
+    # Seconds a client may take to send a completion request's whole body (past it: 408 and
+    # the connection closed). The body is read before the request takes an in-flight slot.
+    body_timeout: float = Field(default=30.0, gt=0)
     # Routing policy YAML (policies/routing.yaml); None: every class tries the tiers in order.
     policy_path: str | None = None
     watch_policy: bool = True  # reload the policy file when it changes

@@ -1,6 +1,7 @@
 """OpenAI API endpoints: read the request, plan it, relay the chosen tier's answer.
 
-A completion request goes: body (size-limited, JSON object, served model) → ``assess``
+A completion request goes: body (size-limited, read within ``body_timeout``, JSON object, served
+model; all before the request takes one of the ``max_in_flight`` slots) → ``assess``
 (tokens, class) → ``plan_route`` (tiers and ``max_tokens``; gateway/request/plan.py) → the chain of
 tiers (gateway/request/relay.py), inside a ``gateway.request`` span with ``classify``, ``route`` and
 ``upstream`` children. Every answer carries ``x-route-class``, ``x-route-tier`` and
@@ -15,6 +16,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
 from opentelemetry import trace
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -37,6 +39,7 @@ from gateway.telemetry import ATTR_CLASS, ATTR_INPUT_TOKENS, ATTR_REASON, inject
 logger = logging.getLogger(__name__)
 
 TIER_HEADER = "x-route-tier"
+CLOSE = {"Connection": "close"}  # on an answer sent before the whole body was read
 # Objects and arrays in a request body, nested; OpenAI bodies (tool and response schemas
 # included) stay far below it, and it keeps every later encoder and walker off the recursion
 # limit (json.dumps of the body to a tier, for one).
@@ -51,9 +54,26 @@ __all__ = [
 ]
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The request body, or 413 as soon as it is known to exceed ``max_bytes``."""
-    too_large = APIError(413, f"request body exceeds {max_bytes} bytes", code="request_too_large")
+async def read_body(request: Request, max_bytes: int, timeout: float = float("inf")) -> bytes:
+    """The request body, or 413 as soon as it is known to exceed ``max_bytes``, or 408 when it
+    has not all arrived within ``timeout`` seconds (both close the connection: the rest of the
+    body is never read)."""
+    try:
+        with anyio.fail_after(timeout):
+            return await _read_body(request, max_bytes)
+    except TimeoutError:
+        raise APIError(
+            408,
+            f"request body not received within {timeout:g} s",
+            code="request_timeout",
+            headers=CLOSE,
+        ) from None
+
+
+async def _read_body(request: Request, max_bytes: int) -> bytes:
+    too_large = APIError(
+        413, f"request body exceeds {max_bytes} bytes", code="request_too_large", headers=CLOSE
+    )
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes:
         raise too_large
@@ -143,39 +163,34 @@ def wants_stream(body: Mapping[str, Any]) -> bool:
 
 async def _relay_completion(request: Request, path: str) -> Response:
     runtime = get_runtime(request)
-    if not runtime.admission.enter():
-        runtime.metrics.reject("overloaded")
-        limit = runtime.admission.limit
-        raise APIError(
-            503,
-            f"the gateway holds its limit of {limit} requests; retry shortly",
-            SERVER_ERROR,
-            code="overloaded",
-            headers={"Retry-After": "1"},
-        )
-    exchange = Exchange(
-        runtime.tracer,
-        runtime.metrics,
-        runtime.shared,
-        path,
-        on_finish=runtime.admission.leave,
-    )
+    config = runtime.config
+    exchange = Exchange(runtime.tracer, runtime.metrics, runtime.shared, path)
     async with exchange:  # leaving it finishes the exchange, unless a stream now owns it
         with trace.use_span(exchange.span, end_on_exit=False):
-            answer, shadow = await _completion(request, path, runtime, exchange)
+            # The whole body first: a client sending it slowly holds no in-flight slot.
+            raw = await read_body(request, config.max_body_bytes, config.body_timeout)
+            body = check_model(parse_json_object(raw), config.model_name)
+            if not runtime.admission.enter():
+                limit = runtime.admission.limit
+                raise APIError(
+                    503,
+                    f"the gateway holds its limit of {limit} requests; retry shortly",
+                    SERVER_ERROR,
+                    code="overloaded",
+                    headers={"Retry-After": "1"},
+                )
+            exchange.on_finish = runtime.admission.leave
+            answer, shadow = await _completion(request, body, path, runtime, exchange)
     if shadow is not None:  # once the exchange is finished (a whole answer) or owned by its stream
         offer_shadow(runtime, shadow)
     return answer
 
 
 async def _completion(
-    request: Request, path: str, runtime: Runtime, exchange: Exchange
+    request: Request, body: dict[str, Any], path: str, runtime: Runtime, exchange: Exchange
 ) -> tuple[Response, ShadowJob | None]:
     """The answer, and the job to offer to shadow sampling when a tier answered 200."""
     config, tracer = runtime.config, runtime.tracer
-    body = check_model(
-        parse_json_object(await read_body(request, config.max_body_bytes)), config.model_name
-    )
     active = runtime.policies.active
     with tracer.start_as_current_span("classify") as span:
         longest = max(tier.max_model_len for tier in config.tiers)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -504,3 +505,42 @@ def test_past_max_in_flight_new_requests_are_shed_with_retry_after(
         time.sleep(0.05)
     metrics = client.get(f"{gateway}/metrics").text
     assert 'gateway_rejections_total{reason="overloaded"}' in metrics
+
+
+def _trickle(gateway: str, body_sent: bytes, declared: int) -> socket.socket:
+    """A raw connection that sends a request's headers and part of its body, then waits."""
+    host, port = gateway.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=WAIT)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {declared}\r\n\r\n".encode()
+        + body_sent
+    )
+    return sock
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+def test_a_slow_body_holds_no_admission_slot_and_is_cut_off_at_its_deadline(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    # The slot was taken before the body was read, and nothing timed the read out: a few
+    # trickling connections denied every completion, without credentials when no keys are set.
+    gateway = start_gateway(stub.url, max_in_flight=1, body_timeout=1.0)
+    sock = _trickle(gateway, b'{"messages": ', declared=1000)
+    with sock:
+        time.sleep(0.2)  # the gateway is reading that body now
+        started = time.monotonic()
+        assert client.post(f"{gateway}/v1/chat/completions", json=CHAT).status_code == 200
+        answer = _read_all(sock)  # the server closes the connection after its answer
+        waited = time.monotonic() - started
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer
+    assert b"connection: close" in head.lower()
+    assert json.loads(payload)["error"]["code"] == "request_timeout"
+    assert waited < 3
