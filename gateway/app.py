@@ -51,6 +51,7 @@ from gateway.runtime import (
     default_policy,
     get_runtime,
 )
+from gateway.server import server_options
 from gateway.shared.leader import LeaderLock
 from gateway.shared.state import SharedRecords, SharedState
 from gateway.telemetry import build_tracer_provider, instrument_asgi, shutdown
@@ -271,5 +272,13 @@ async def openapi_endpoint(request: Request) -> Response:
 def serve(
     config: GatewayConfig, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info"
 ) -> None:
-    """Run the gateway with uvicorn until interrupted (binds loopback unless told otherwise)."""
-    uvicorn.run(create_app(config), host=host, port=port, log_level=log_level, lifespan="on")
+    """Run the gateway with uvicorn until interrupted (binds loopback unless told otherwise),
+    with the gateway's connection limits (gateway/server.py)."""
+    uvicorn.run(
+        create_app(config),
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        **server_options(config),
+    )

@@ -8,6 +8,7 @@ separated), hashed by ``keys_from_environment`` as the config is built and never
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -71,6 +72,17 @@ class GatewayConfig(BaseModel):
     # Completion requests this process holds at once; past it new ones get a prompt 503 with
     # Retry-After (load shedding) instead of queueing behind an overloaded event loop.
     max_in_flight: int = Field(default=256, gt=0)
+    # Connections, as uvicorn serves them (gateway/server.py): at most max_connections at once
+    # (past it: 503); at most max_connections_per_client from one address (None: no bound;
+    # trusted proxies are not bounded); a request's head must arrive within header_timeout s
+    # of the connection opening or of the previous answer; an idle kept-alive connection is
+    # closed after keep_alive_timeout s. forwarded_allow_ips: the proxies whose
+    # X-Forwarded-For is believed (IPs, networks such as 10.0.0.0/8, or "*"); none by default.
+    max_connections: int = Field(default=1024, gt=0)
+    max_connections_per_client: int | None = Field(default=64, gt=0)
+    header_timeout: float = Field(default=10.0, gt=0)
+    keep_alive_timeout: int = Field(default=5, gt=0)
+    forwarded_allow_ips: list[str] = Field(default_factory=list)
 
     @field_validator("api_key_hashes", "admin_key_hashes")
     @classmethod
@@ -79,6 +91,17 @@ class GatewayConfig(BaseModel):
             if not _SHA256.fullmatch(digest):
                 raise ValueError("key hashes must be sha256 hex digests (64 hex characters)")
         return [digest.lower() for digest in value]
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            if entry != "*":
+                try:
+                    ipaddress.ip_network(entry, strict=False)
+                except ValueError:
+                    raise ValueError(f"{entry!r} is not an IP address, a network or *") from None
+        return value
 
     @model_validator(mode="after")
     def _unique_tier_names(self) -> GatewayConfig:

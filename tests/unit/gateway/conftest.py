@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint
+from gateway.server import server_options
 from tests.servers import ServerThread
 
 MODEL = "stub-model"
@@ -155,12 +156,13 @@ class StubTier:
 
 
 @pytest.fixture
-def start_server() -> Iterator[Callable[[Any], str]]:
-    """Start an ASGI app on 127.0.0.1; returns its base URL. Stopped after the test."""
+def start_server() -> Iterator[Callable[..., str]]:
+    """Start an ASGI app on 127.0.0.1 (keywords: more uvicorn settings); returns its base URL.
+    Stopped after the test."""
     servers: list[ServerThread] = []
 
-    def start(app: Any) -> str:
-        server = ServerThread(app)
+    def start(app: Any, **options: Any) -> str:
+        server = ServerThread(app, **options)
         server.start()
         servers.append(server)
         return server.url
@@ -171,7 +173,7 @@ def start_server() -> Iterator[Callable[[Any], str]]:
 
 
 @pytest.fixture
-def make_stub(start_server: Callable[[Any], str]) -> Callable[[], StubTier]:
+def make_stub(start_server: Callable[..., str]) -> Callable[[], StubTier]:
     """Start another stub tier."""
 
     def make() -> StubTier:
@@ -197,13 +199,14 @@ def refused_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def start_gateway(start_server: Callable[[Any], str]) -> Callable[..., str]:
-    """Start the real gateway over the given tier URLs (named t0, t1, ...); returns its URL."""
+def start_gateway(start_server: Callable[..., str]) -> Callable[..., str]:
+    """Start the real gateway over the given tier URLs (named t0, t1, ...), served with the
+    gateway's own uvicorn settings (gateway/server.py); returns its URL."""
 
     def start(*tier_urls: str, **overrides: Any) -> str:
         tiers = [TierEndpoint(name=f"t{i}", base_url=url) for i, url in enumerate(tier_urls)]
         config = GatewayConfig(model_name=MODEL, tiers=tiers, **overrides)
-        return start_server(create_app(config))
+        return start_server(create_app(config), **server_options(config))
 
     return start
 

@@ -76,6 +76,8 @@ def test_serve_binds_loopback_by_default(monkeypatch: pytest.MonkeyPatch) -> Non
     gateway_app.serve(_config(), port=8123)
     assert calls and calls[0]["host"] == "127.0.0.1"
     assert calls[0]["port"] == 8123
+    assert calls[0]["limit_concurrency"] == 1024  # the gateway's limits (gateway/server.py)
+    assert calls[0]["proxy_headers"] is False
 
 
 def test_main_loads_config_and_serves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
