@@ -220,6 +220,11 @@ async def _completion(
     headers = dict(request.headers)
     inject_trace_headers(headers, trace.set_span_in_context(upstream_span))
 
+    # A stream's headers come once the tier has scheduled it (time in its queue, then the
+    # prompt's prefill): giving up on a silent tier is safe. A whole answer's come when it is
+    # complete: giving up would generate it again on the next tier, so read_timeout bounds it.
+    first_byte = active.policy.timeouts.first_byte_seconds if wants_stream(body) else float("inf")
+
     async def exchange_with_tiers() -> tuple[Response, ShadowJob | None]:
         try:
             tier, response = await open_chain(
@@ -229,7 +234,7 @@ async def _completion(
                 path,
                 headers,
                 exchange,
-                active.policy.timeouts.first_byte_seconds,
+                first_byte,
             )
         except APIError as exc:
             exc.headers.update(route_headers(plan.cls, None, plan.reason))

@@ -36,7 +36,8 @@ class StubTier:
     ``mode`` picks the behaviour of the completion endpoints:
     ``normal``; ``slow`` (a long stream, one chunk every 50 ms); ``die`` (two chunks, then the
     connection drops); ``unavailable`` (503); ``hang`` (no answer until the client leaves);
-    ``bad_request`` (400 in vLLM's flat error shape).
+    ``bad_request`` (400 in vLLM's flat error shape). ``whole_delay``: seconds a whole
+    (non-streamed) answer takes, as vLLM sends nothing until it is complete.
     """
 
     def __init__(self, model: str = MODEL) -> None:
@@ -44,6 +45,7 @@ class StubTier:
         self.mode = "normal"
         self.health_status = 200
         self.chunks = 3
+        self.whole_delay = 0.0
         self.metrics_text: str | None = None  # served at /metrics when set (else 404)
         self.answer_text = "The capital of France is Paris."  # chat answers
         self.completion_text = " Paris."  # completions answers
@@ -92,6 +94,7 @@ class StubTier:
             return JSONResponse({"error": {"message": "too late"}}, status_code=500)
         if body.get("stream"):
             return StreamingResponse(self._stream(chat), media_type="text/event-stream")
+        await asyncio.sleep(self.whole_delay)
         return JSONResponse(self._whole(chat))
 
     def _whole(self, chat: bool) -> dict[str, Any]:

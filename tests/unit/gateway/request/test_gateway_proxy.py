@@ -454,22 +454,30 @@ def test_streaming_response_closes_upstream_on_disconnect_message() -> None:
     assert asyncio.run(_relay_until(scope, fail_on_send=None)).closed
 
 
-def test_a_tier_silent_past_the_policy_timeout_is_given_up_for_the_next(
-    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
-) -> None:
-    slow, spare = make_stub(), make_stub()
-    slow.mode = "hang"
+def _first_byte_policy(tmp_path: Any, seconds: float) -> str:
     policy = tmp_path / "routing.yaml"
     route = "[t0, t1]"
     policy.write_text(
         f"tiers: [t0, t1]\nroutes: {{tolerant: {route}, code: {route}, math: {route}, "
-        f"long: {route}}}\ntimeouts: {{first_byte_seconds: 0.5}}\n"
+        f"long: {route}}}\ntimeouts: {{first_byte_seconds: {seconds}}}\n"
     )
-    gateway = start_gateway(slow.url, spare.url, policy_path=str(policy), watch_policy=False)
+    return str(policy)
+
+
+def test_a_stream_silent_past_the_policy_timeout_is_given_up_for_the_next(
+    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+) -> None:
+    slow, spare = make_stub(), make_stub()
+    slow.mode = "hang"  # never scheduled: no response headers
+    policy = _first_byte_policy(tmp_path, 0.5)
+    gateway = start_gateway(slow.url, spare.url, policy_path=policy, watch_policy=False)
     started = time.monotonic()
-    response = client.post(f"{gateway}/v1/chat/completions", json=CHAT)
-    assert response.status_code == 200, response.text
-    assert response.headers["x-route-tier"] == "t1"
+    with client.stream(
+        "POST", f"{gateway}/v1/chat/completions", json={**CHAT, "stream": True}
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["x-route-tier"] == "t1"
+        assert sse_events(response.iter_lines())[-1] == "[DONE]"
     assert time.monotonic() - started < 5
     assert slow.request_aborted.wait(WAIT)  # the silent tier's request was closed
     metrics = client.get(f"{gateway}/metrics").text
@@ -544,3 +552,18 @@ def test_a_slow_body_holds_no_admission_slot_and_is_cut_off_at_its_deadline(
     assert b"connection: close" in head.lower()
     assert json.loads(payload)["error"]["code"] == "request_timeout"
     assert waited < 3
+
+
+def test_a_whole_answer_longer_than_the_first_byte_timeout_is_not_generated_twice(
+    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+) -> None:
+    # vLLM sends a whole answer's headers only once it is complete: first_byte_seconds gave up
+    # on every long non-streamed answer and had the next tier generate it again.
+    first, spare = make_stub(), make_stub()
+    first.whole_delay = 1.0
+    policy = _first_byte_policy(tmp_path, 0.3)
+    gateway = start_gateway(first.url, spare.url, policy_path=policy, watch_policy=False)
+    response = client.post(f"{gateway}/v1/chat/completions", json=CHAT)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-route-tier"] == "t0"
+    assert len(first.requests) == 1 and spare.requests == []
