@@ -9,6 +9,8 @@ with ``Retry-After`` when no tier can take it now. Nothing here does I/O: the ti
 come from gateway/control/tier_status.py and the policy from gateway/policy/store.py.
 
 Order of the checks (policies/routing.yaml explains each knob):
+0. the fields that multiply its cost (n, best_of, list prompts, logprobs, tools, and stream's
+   type) are checked against the policy's limits (gateway/request/costs.py);
 1. the prompt is counted with the model's tokenizer (chat template applied), given a context
    limit only as far as it (a longer prompt is refused at once: bounded work per request);
 2. the classifier names its class (gateway/request/classify.py);
@@ -27,6 +29,7 @@ from typing import Any, Protocol
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError
 from gateway.policy.schema import RoutingPolicy
 from gateway.request.classify import CompiledClasses, classify, content_texts, request_text
+from gateway.request.costs import request_cost
 from gateway.request.limits import check_limits, check_prompt
 from gateway.request.router import (
     CONTEXT_LENGTH_EXCEEDED,
@@ -98,6 +101,7 @@ class Assessment:
     max_tokens_field: str  # "max_tokens" or "max_completion_tokens"
     max_tokens: int | None  # None: not given
     long_route: bool = False  # re-classed long because the prompt is over max_input_tokens
+    cost: int = 1  # sequences to generate: prompts x max(n, best_of) (gateway/request/costs.py)
 
 
 def plan_request(
@@ -127,6 +131,7 @@ def assess(
     ``context_limit``: the longest context of any tier (``max_model_len``); a prompt of that
     many tokens fits nowhere, so it is counted only that far and refused (400).
     """
+    cost = request_cost(body, path, policy.limits)
     limit = context_limit - 1 if context_limit is not None else None
     input_tokens = count_prompt(body, path, counter, limit)
     if limit is not None and input_tokens > limit:
@@ -143,11 +148,11 @@ def assess(
     found = classify(request_text(body), input_tokens, rules)
     gate = check_prompt(input_tokens, policy.limits)
     if gate is None:
-        return Assessment(found.cls, found.reason, input_tokens, field, max_tokens)
+        return Assessment(found.cls, found.reason, input_tokens, field, max_tokens, cost=cost)
     if gate.action == "reject":
         raise _too_long(gate.message, found.cls, found.reason, path)
     reason = f"{found.reason}; {gate.message}"
-    return Assessment("long", reason, input_tokens, field, max_tokens, long_route=True)
+    return Assessment("long", reason, input_tokens, field, max_tokens, long_route=True, cost=cost)
 
 
 def plan_route(
