@@ -17,7 +17,8 @@ for a wrong type and ``invalid_value`` for a value past a limit:
 - ``prompt_logprobs`` (vLLM's extension), and completions' ``echo`` with ``logprobs`` (which vLLM
   turns into prompt logprobs): at most ``max_prompt_logprobs``; 0 turns them off (a tier then
   computes logprobs over the whole vocabulary for every prompt token);
-- ``tools``: an array of at most ``max_tools``.
+- ``tools``: an array of at most ``max_tools`` (their schemas count as prompt tokens:
+  gateway/request/plan.py).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ Order of the checks (policies/routing.yaml explains each knob):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -211,8 +212,9 @@ def route_headers(cls: str | None, tier: str | None, reason: str | None) -> dict
 def count_prompt(
     body: Mapping[str, Any], path: str, counter: PromptCounter, limit: int | None = None
 ) -> int:
-    """Prompt tokens of a chat or completions body (the longest prompt of a list); 400 for a
-    malformed prompt. With ``limit``: exact up to it, some number above it past it."""
+    """Prompt tokens of a chat or completions body (the longest prompt of a list; a chat's
+    ``tools`` counted as their JSON); 400 for a malformed prompt. With ``limit``: exact up to
+    it, some number above it past it."""
     if path == CHAT:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -220,7 +222,13 @@ def count_prompt(
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise _invalid(f"messages[{i}] must be an object with a string 'role'", "messages")
-        return counter.count_chat(messages, limit=limit)
+        tokens = counter.count_chat(messages, limit=limit)
+        tools = body.get("tools")
+        if isinstance(tools, list) and tools and (limit is None or tokens <= limit):
+            # The chat template writes the tools' schemas into the prompt, about as JSON.
+            text = json.dumps(tools, ensure_ascii=False, separators=(", ", ": "))
+            tokens += counter.count_text(text, limit=None if limit is None else limit - tokens)
+        return tokens
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return counter.count_text(prompt, limit=limit)

@@ -215,3 +215,22 @@ def test_a_prompt_past_every_context_is_refused_after_bounded_counting(
     assert (error.status, error.code, error.param) == (400, "context_length_exceeded", param)
     assert "at least 2048 tokens" in error.message
     assert counted and set(counted) == {2047}  # counted only as far as the longest context
+
+
+def test_tools_count_as_prompt_tokens() -> None:
+    # The chat template renders the tools' schemas into the prompt: uncounted, a request with
+    # a big tools list passed every prompt limit.
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a word up. " * 20,
+            "parameters": {"type": "object", "properties": {"word": {"type": "string"}}},
+        },
+    }
+    bare = count_prompt(_chat("Hi"), CHAT, ByteCounter())
+    with_tools = count_prompt(_chat("Hi", tools=[tool] * 3), CHAT, ByteCounter())
+    assert with_tools - bare > 3 * len("Look a word up. " * 20)
+    with pytest.raises(APIError) as caught:
+        _plan(_chat("Hi", tools=[tool] * 10))  # over the shipped max_input_tokens (1536)
+    assert caught.value.code == "context_length_exceeded"
