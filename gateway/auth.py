@@ -2,8 +2,12 @@
 
 - ``/v1/...``: when ``api_key_hashes`` is set, a request needs ``Authorization: Bearer <key>``
   whose sha256 is one of them (401 ``invalid_api_key`` otherwise). With a per-minute rate
-  limit, each key (or each client address when no keys are set) gets that many requests per
-  60 s across all replicas (gateway/shared/state.py); over it: 429 with ``Retry-After``.
+  limit, each key (or each client address when no keys are set) gets that many units per
+  60 s across all replicas (gateway/shared/state.py); over it: 429 with ``Retry-After``. A
+  request takes one unit here; a completion that generates several sequences (``n``,
+  ``best_of``, list prompts) takes the rest once its body is read, through the ``rate_charge``
+  the middleware leaves in the request's state (gateway/request/proxy.py); one costing more
+  than the whole limit is a 400.
 - ``/admin/...``: always needs an admin key (``admin_key_hashes``); none configured means the
   admin API is off (403).
 - Everything else (``/healthz``, ``/readyz``, ``/metrics``) is open, as probes expect.
@@ -78,16 +82,27 @@ class AuthMiddleware:
         if self.rate_limit is not None and shared is not None:
             client = scope.get("client") or ("unknown", 0)
             who = f"key:{digest[:12]}" if digest else f"addr:{client[0]}"
-            decision = await shared.rate_limit(who, self.rate_limit, RATE_WINDOW)
+            limit = self.rate_limit
+            decision = await shared.rate_limit(who, limit, RATE_WINDOW)
             if not decision.allowed:
-                wait = max(1, round(decision.retry_after + 0.5))
-                raise APIError(
-                    429,
-                    f"rate limit reached: {self.rate_limit} requests per minute; retry in {wait} s",
-                    "requests",
-                    code="rate_limit_exceeded",
-                    headers={"Retry-After": str(wait)},
-                )
+                raise _rate_limited(limit, decision.retry_after)
+
+            async def charge(more: int) -> None:
+                """Take ``more`` units for this request (it generates ``1 + more`` sequences)."""
+                if more < 1:
+                    return
+                if 1 + more > limit:
+                    raise APIError(
+                        400,
+                        f"this request generates {1 + more} sequences (prompts x n or "
+                        f"best_of); the rate limit allows {limit} per minute",
+                        code="request_costs_more_than_the_rate_limit",
+                    )
+                decision = await shared.rate_limit(who, limit, RATE_WINDOW, cost=more)
+                if not decision.allowed:
+                    raise _rate_limited(limit, decision.retry_after)
+
+            scope.setdefault("state", {})["rate_charge"] = charge
 
 
 def bearer(scope: Scope) -> str | None:
@@ -114,6 +129,17 @@ def matches(key: str | None, digests: Sequence[str]) -> str | None:
         if hmac.compare_digest(digest, stored):
             found = stored
     return found
+
+
+def _rate_limited(limit: int, retry_after: float) -> APIError:
+    wait = max(1, round(retry_after + 0.5))
+    return APIError(
+        429,
+        f"rate limit reached: {limit} requests per minute; retry in {wait} s",
+        "requests",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(wait)},
+    )
 
 
 def _unauthorized(kind: str) -> APIError:

@@ -2,7 +2,7 @@
 
 ``request_cost(body, path, limits)`` checks the fields below against the routing policy's
 ``limits`` section and returns the request's cost: the sequences the tier will generate,
-``prompts x max(n, best_of)``.
+``prompts x max(n, best_of)``, which the per-key rate limit counts (gateway/auth.py).
 A field out of bounds is a 400 in OpenAI's shape naming it (``param``), code ``invalid_type``
 for a wrong type and ``invalid_value`` for a value past a limit:
 

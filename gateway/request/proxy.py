@@ -209,6 +209,10 @@ async def _completion(
         found.reason,
         found.input_tokens,
     )
+    # The rate limit took one unit at the door (gateway/auth.py): the rest of what it costs.
+    charge = getattr(request.state, "rate_charge", None)
+    if charge is not None and found.cost > 1:
+        await charge(found.cost - 1)
     pinned = request.headers.get(active.policy.pinning.header)
     with tracer.start_as_current_span("route") as span:
         plan = plan_route(found, active.policy, runtime.board.statuses(), pinned, path)

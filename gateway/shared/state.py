@@ -83,14 +83,16 @@ class _Local:
             for old in [s for s in self.buckets if s <= second - _BUCKET_TTL]:
                 del self.buckets[old]
 
-    def rate_limit(self, key_id: str, limit: int, per: float, now: float) -> RateDecision:
+    def rate_limit(
+        self, key_id: str, limit: int, per: float, now: float, cost: int = 1
+    ) -> RateDecision:
         stamps = self.windows.setdefault(key_id, deque())
         while stamps and stamps[0] <= now - per:
             stamps.popleft()
-        if len(stamps) < limit:
-            stamps.append(now)
+        if len(stamps) + cost <= limit:
+            stamps.extend([now] * cost)
             return RateDecision(True, 0.0, limit - len(stamps))
-        return RateDecision(False, stamps[0] + per - now, 0)
+        return RateDecision(False, stamps[len(stamps) + cost - limit - 1] + per - now, 0)
 
 
 @dataclass(frozen=True)
@@ -311,18 +313,24 @@ class SharedState:
 
     # ------------------------------------------------------------------ rate limits and health
 
-    async def rate_limit(self, key_id: str, limit: int, per: float) -> RateDecision:
-        """Allow at most ``limit`` requests per ``per`` seconds for ``key_id`` (sliding log)."""
-        if limit < 1 or per <= 0:
-            raise ValueError(f"need limit >= 1 and per > 0, not limit={limit}, per={per}")
+    async def rate_limit(
+        self, key_id: str, limit: int, per: float, *, cost: int = 1
+    ) -> RateDecision:
+        """Allow at most ``limit`` units per ``per`` seconds for ``key_id`` (sliding log); this
+        request takes ``cost`` units (1 <= cost <= limit), all or none."""
+        if limit < 1 or per <= 0 or not 1 <= cost <= limit:
+            raise ValueError(
+                f"need limit >= 1, per > 0 and 1 <= cost <= limit, not limit={limit}, "
+                f"per={per}, cost={cost}"
+            )
         now = self._clock()
         self._seq += 1
         member = f"{now!r}:{self._owner}:{self._seq}"  # unique across replicas
-        args: list[str | int] = [repr(now), repr(float(per)), limit, member]
+        args: list[str | int] = [repr(now), repr(float(per)), limit, member, cost]
         keys = [self._key("ratelimit", key_id)]
         raw = await self._run(lambda c: c.ratelimit(keys=keys, args=args))
         if raw is None:
-            return self._local.rate_limit(key_id, limit, per, now)
+            return self._local.rate_limit(key_id, limit, per, now, cost)
         allowed, retry_after, remaining = raw
         return RateDecision(bool(int(allowed)), max(0.0, float(retry_after)), int(remaining))
 

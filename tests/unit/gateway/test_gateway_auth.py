@@ -160,3 +160,29 @@ def test_keys_never_reach_the_logs(
     assert caplog.records  # the gateway did log (requests, refusals)
     for secret in (KEY, "sk-wrong-secret", ADMIN):
         assert secret not in logged
+
+
+def test_a_request_counts_against_the_rate_limit_as_the_sequences_it_generates(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    # n, best_of and list prompts multiply the tier's work; each request counted as one.
+    gateway = start_gateway(stub.url, rate_limit_per_minute=4)
+    url = f"{gateway}/v1/completions"
+    assert client.post(url, json={"prompt": "x", "n": 3}).status_code == 200  # 3 of 4
+    refused = client.post(url, json={"prompt": ["x", "y"]})  # 2 more: 5 > 4
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert len(stub.requests) == 1
+
+
+def test_a_request_costing_more_than_the_whole_rate_limit_is_400(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = start_gateway(stub.url, rate_limit_per_minute=3)
+    response = client.post(f"{gateway}/v1/completions", json={"prompt": "x", "n": 4})
+    assert response.status_code == 400  # a 429 would be retried for ever
+    error = response.json()["error"]
+    assert error["code"] == "request_costs_more_than_the_rate_limit"
+    assert "4" in error["message"] and "3 per minute" in error["message"]
+    assert stub.requests == []

@@ -381,3 +381,31 @@ def test_a_burst_larger_than_the_pool_stays_shared(redis_url: str, prefix: str) 
             await state.aclose()
 
     run(scenario)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["redis", "local"])
+def test_a_request_may_cost_several_units_of_a_rate_limit(
+    redis_url: str, prefix: str, shared: bool
+) -> None:
+    clock = Clock(1000.0)
+
+    async def scenario() -> None:
+        state = SharedState(redis_url if shared else None, prefix=prefix, clock=clock)
+        await state.start()
+        try:
+            assert state.shared is shared
+            assert await state.rate_limit("k", 5, 10, cost=3) == RateDecision(True, 0.0, 2)
+            clock.now = 1002.0
+            refused = await state.rate_limit("k", 5, 10, cost=3)  # 3 + 3 > 5
+            assert not refused.allowed and refused.retry_after == pytest.approx(8.0)
+            assert await state.rate_limit("k", 5, 10, cost=2) == RateDecision(True, 0.0, 0)
+            clock.now = 1010.0  # the 3 units of 1000 leave; the 2 of 1002 stay
+            assert await state.rate_limit("k", 5, 10, cost=3) == RateDecision(True, 0.0, 0)
+            with pytest.raises(ValueError):
+                await state.rate_limit("k", 5, 10, cost=6)  # could never be allowed
+            with pytest.raises(ValueError):
+                await state.rate_limit("k", 5, 10, cost=0)
+        finally:
+            await state.aclose()
+
+    run(scenario)
