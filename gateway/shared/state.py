@@ -21,7 +21,8 @@ and a short-lived cache of tier health. Contract:
   second included) with MGET and divides by ``w``.
 - Rate limits: an exact sliding-window log (a sorted set per key, a Lua script): allowed when
   fewer than ``limit`` requests were allowed in the last ``per`` s; refusals are not recorded.
-  Times come from ``clock`` (replicas need synchronised clocks); locally, per replica.
+  Times come from ``clock`` (replicas need synchronised clocks); locally, per replica, with
+  memory bounded: empty windows are dropped and at most ``_MAX_LOCAL_WINDOWS`` kept.
 - Tier health: one JSON string with a Redis expiry (locally: an expiry on ``clock``).
 """
 
@@ -54,6 +55,10 @@ MAX_RATE_WINDOW = 300.0
 _POOL_SIZE = 64  # Redis connections per replica
 _BUCKET_TTL = 310  # seconds a per-second traffic bucket is kept
 _RESERVED = "__"  # hash fields starting with this are bookkeeping, not tiers
+# Without Redis: rate-limit windows are dropped once empty (looked for every _SWEEP_EVERY s), and
+# past _MAX_LOCAL_WINDOWS the least recently used go (their limits start again).
+_SWEEP_EVERY = 10.0
+_MAX_LOCAL_WINDOWS = 100_000
 
 
 @dataclass(frozen=True)
@@ -71,11 +76,22 @@ class _Local:
 
     inflight: dict[str, int] = field(default_factory=dict)
     buckets: dict[int, int] = field(default_factory=dict)
-    windows: dict[str, deque[float]] = field(default_factory=dict)  # one per key id seen
+    # key id -> (its window's length, the times of its units), least recently used first
+    windows: dict[str, tuple[float, deque[float]]] = field(default_factory=dict)
+    swept_at: float = float("-inf")
     health: dict[str, str] = field(default_factory=dict)
     health_until: float = 0.0
     values: dict[str, tuple[str, float]] = field(default_factory=dict)  # name -> (value, until)
     lists: dict[str, list[str]] = field(default_factory=dict)
+
+    def _sweep(self, now: float) -> None:
+        """Drop the rate windows with nothing left in them, every ``_SWEEP_EVERY`` seconds."""
+        if now < self.swept_at + _SWEEP_EVERY:
+            return
+        self.swept_at = now
+        for key, (per, stamps) in list(self.windows.items()):
+            if not stamps or stamps[-1] <= now - per:
+                del self.windows[key]
 
     def count_request(self, second: int) -> None:
         self.buckets[second] = self.buckets.get(second, 0) + 1
@@ -86,7 +102,11 @@ class _Local:
     def rate_limit(
         self, key_id: str, limit: int, per: float, now: float, cost: int = 1
     ) -> RateDecision:
-        stamps = self.windows.setdefault(key_id, deque())
+        self._sweep(now)
+        _, stamps = self.windows.pop(key_id, (per, deque()))  # back in, as the most recent
+        self.windows[key_id] = (per, stamps)
+        while len(self.windows) > _MAX_LOCAL_WINDOWS:
+            del self.windows[next(iter(self.windows))]
         while stamps and stamps[0] <= now - per:
             stamps.popleft()
         if len(stamps) + cost <= limit:

@@ -409,3 +409,24 @@ def test_a_request_may_cost_several_units_of_a_rate_limit(
             await state.aclose()
 
     run(scenario)
+
+
+def test_local_rate_windows_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without Redis every client address seen kept its window for ever.
+    clock = Clock(1000.0)
+
+    async def scenario() -> None:
+        state = SharedState(None, clock=clock)
+        for i in range(1000):
+            assert (await state.rate_limit(f"addr:10.0.{i // 256}.{i % 256}", 5, 60)).allowed
+        assert len(state._local.windows) == 1000
+        clock.now = 1061.0  # every window has expired
+        assert (await state.rate_limit("addr:new", 5, 60)).allowed
+        assert len(state._local.windows) == 1
+        monkeypatch.setattr("gateway.shared.state._MAX_LOCAL_WINDOWS", 100)
+        for i in range(500):  # within one window: the least recently used are dropped
+            await state.rate_limit(f"addr:{i}", 5, 60)
+        assert len(state._local.windows) <= 100
+        assert "addr:499" in state._local.windows
+
+    run(scenario)
