@@ -12,7 +12,8 @@
   admin API is off (403).
 - Everything else (``/healthz``, ``/readyz``, ``/metrics``) is open, as probes expect.
 Keys are compared as digests in constant time and never logged; the rate limiter sees only a
-12-character prefix of the digest.
+12-character prefix of the digest. Paths are compared as the router sees them, without the
+app's ``root_path``.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class AuthMiddleware:
         await self.app(scope, receive, send)
 
     async def _check(self, scope: Scope) -> None:
-        path: str = scope["path"]
+        path = route_path(scope)
         if path == "/admin" or path.startswith("/admin/"):
             if not self.admin_keys:
                 raise APIError(
@@ -103,6 +104,16 @@ class AuthMiddleware:
                     raise _rate_limited(limit, decision.retry_after)
 
             scope.setdefault("state", {})["rate_charge"] = charge
+
+
+def route_path(scope: Scope) -> str:
+    """The path the router matches: ``scope["path"]`` without the app's ``root_path`` (which
+    uvicorn's ``--root-path`` and mounts put in front of it), as Starlette strips it."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and (path == root or path.startswith(root.rstrip("/") + "/")):
+        return path[len(root.rstrip("/")) :] or "/"
+    return path
 
 
 def bearer(scope: Scope) -> str | None:

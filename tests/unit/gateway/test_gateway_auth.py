@@ -10,8 +10,10 @@ import httpx
 import openai
 import pytest
 
+from gateway.app import create_app
 from gateway.auth import bearer, matches
 from gateway.config import GatewayConfig, TierEndpoint, hash_key, keys_from_environment
+from gateway.server import server_options
 from model_optimizer.envs import ROOT
 
 MODEL = "stub-model"
@@ -186,3 +188,23 @@ def test_a_request_costing_more_than_the_whole_rate_limit_is_400(
     assert error["code"] == "request_costs_more_than_the_rate_limit"
     assert "4" in error["message"] and "3 per minute" in error["message"]
     assert stub.requests == []
+
+
+def test_keys_are_checked_under_a_root_path(
+    stub: Any, start_server: Any, client: httpx.Client
+) -> None:
+    # Served with a root path (uvicorn --root-path, a proxy's prefix), scope["path"] carries
+    # it: the check saw /api/v1/... as neither /v1 nor /admin and let it through unchecked,
+    # while the router, which strips the root path, served it.
+    config = GatewayConfig(
+        model_name=MODEL,
+        tiers=[TierEndpoint(name="t0", base_url=stub.url)],
+        api_key_hashes=[hash_key(KEY)],
+        admin_key_hashes=[hash_key(ADMIN)],
+    )
+    gateway = start_server(create_app(config), **server_options(config), root_path="/api")
+    assert client.post(f"{gateway}/v1/chat/completions", json=CHAT).status_code == 401
+    assert client.get(f"{gateway}/admin/tiers").status_code == 401
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert client.post(f"{gateway}/v1/chat/completions", json=CHAT, headers=auth).is_success
+    assert stub.requests and len(stub.requests) == 1
