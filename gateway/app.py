@@ -157,6 +157,7 @@ def create_app(
             api_key_hashes=config.api_key_hashes,
             admin_key_hashes=config.admin_key_hashes,
             rate_limit_per_minute=config.rate_limit_per_minute,
+            admin_rate_limit_per_minute=config.admin_rate_limit_per_minute,
             shared=current_shared,
             on_reject=metrics.reject,
         ),

@@ -9,7 +9,8 @@
   the middleware leaves in the request's state (gateway/request/proxy.py); one costing more
   than the whole limit is a 400.
 - ``/admin/...``: always needs an admin key (``admin_key_hashes``); none configured means the
-  admin API is off (403).
+  admin API is off (403). Each client address gets ``admin_rate_limit_per_minute`` admin
+  requests per 60 s, counted before the key is checked (a wrong key counts too); over it: 429.
 - Everything else (``/healthz``, ``/readyz``, ``/metrics``) is open, as probes expect.
 Keys are compared as digests in constant time and never logged; the rate limiter sees only a
 12-character prefix of the digest. Paths are compared as the router sees them, without the
@@ -41,11 +42,13 @@ class AuthMiddleware:
         rate_limit_per_minute: int | None,
         shared: Callable[[], SharedState | None],
         on_reject: Callable[[str], None] | None = None,
+        admin_rate_limit_per_minute: int | None = None,
     ) -> None:
         self.app = app
         self.api_keys = tuple(api_key_hashes)
         self.admin_keys = tuple(admin_key_hashes)
         self.rate_limit = rate_limit_per_minute
+        self.admin_rate_limit = admin_rate_limit_per_minute
         self.shared = shared
         self.on_reject = on_reject
 
@@ -69,6 +72,13 @@ class AuthMiddleware:
                 raise APIError(
                     403, "the admin API is off: set MO_GATEWAY_ADMIN_KEYS", code="admin_disabled"
                 )
+            shared = self.shared()
+            if self.admin_rate_limit is not None and shared is not None:
+                client = scope.get("client") or ("unknown", 0)
+                limit = self.admin_rate_limit
+                decision = await shared.rate_limit(f"admin:{client[0]}", limit, RATE_WINDOW)
+                if not decision.allowed:
+                    raise _rate_limited(limit, decision.retry_after)
             if not matches(bearer(scope), self.admin_keys):
                 raise _unauthorized("admin")
             return

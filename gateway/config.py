@@ -68,6 +68,9 @@ class GatewayConfig(BaseModel):
     api_key_hashes: list[str] = Field(default_factory=list)  # empty: /v1 needs no key
     admin_key_hashes: list[str] = Field(default_factory=list)  # empty: /admin is disabled
     rate_limit_per_minute: int | None = Field(default=None, gt=0)  # per API key
+    # /admin requests per client address and minute, counted before the key is checked
+    # (wrong keys count too); None: no limit.
+    admin_rate_limit_per_minute: int | None = Field(default=300, gt=0)
     metrics_interval: float = Field(default=2.0, gt=0)  # seconds between scrapes of the tiers
     # Completion requests this process holds at once; past it new ones get a prompt 503 with
     # Retry-After (load shedding) instead of queueing behind an overloaded event loop.

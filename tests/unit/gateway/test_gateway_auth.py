@@ -208,3 +208,25 @@ def test_keys_are_checked_under_a_root_path(
     auth = {"Authorization": f"Bearer {KEY}"}
     assert client.post(f"{gateway}/v1/chat/completions", json=CHAT, headers=auth).is_success
     assert stub.requests and len(stub.requests) == 1
+
+
+def test_admin_requests_are_rate_limited_per_address(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = start_gateway(
+        stub.url, admin_key_hashes=[hash_key(ADMIN)], admin_rate_limit_per_minute=3
+    )
+    good, wrong = {"Authorization": f"Bearer {ADMIN}"}, {"Authorization": "Bearer guess"}
+    codes = [client.get(f"{gateway}/admin/tiers", headers=good).status_code for _ in range(2)]
+    codes.append(client.get(f"{gateway}/admin/tiers", headers=wrong).status_code)  # counted too
+    limited = client.get(f"{gateway}/admin/tiers", headers=good)
+    assert [*codes, limited.status_code] == [200, 200, 401, 429]
+    assert limited.json()["error"]["code"] == "rate_limit_exceeded"
+    assert int(limited.headers["retry-after"]) >= 1
+    assert client.post(f"{gateway}/v1/chat/completions", json=CHAT).status_code == 200
+    assert (
+        GatewayConfig(
+            model_name="m", tiers=[TierEndpoint(name="a", base_url="http://x")]
+        ).admin_rate_limit_per_minute
+        == 300
+    )
