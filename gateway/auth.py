@@ -1,13 +1,14 @@
 """API keys and per-key rate limits, as pure ASGI middleware (streaming passes through).
 
 - ``/v1/...``: when ``api_key_hashes`` is set, a request needs ``Authorization: Bearer <key>``
-  whose sha256 is one of them (401 ``invalid_api_key`` otherwise). With a per-minute rate
-  limit, each key (or each client address when no keys are set) gets that many units per
-  60 s across all replicas (gateway/shared/state.py); over it: 429 with ``Retry-After``. A
-  request takes one unit here; a completion that generates several sequences (``n``,
-  ``best_of``, list prompts) takes the rest once its body is read, through the ``rate_charge``
-  the middleware leaves in the request's state (gateway/request/proxy.py); one costing more
-  than the whole limit is a 400.
+  whose sha256 is one of them or an admin key's (401 ``invalid_api_key`` otherwise). A request
+  sending an admin key is told everything in errors and route headers (gateway/errors.py).
+  With a per-minute rate limit, each key (or each client address when no keys are set) gets
+  that many units per 60 s across all replicas (gateway/shared/state.py); over it: 429 with
+  ``Retry-After``. A request takes one unit here; a completion that generates several
+  sequences (``n``, ``best_of``, list prompts) takes the rest once its body is read, through
+  the ``rate_charge`` the middleware leaves in the request's state (gateway/request/proxy.py);
+  one costing more than the whole limit is a 400.
 - ``/admin/...``: always needs an admin key (``admin_key_hashes``); none configured means the
   admin API is off (403). Each client address gets ``admin_rate_limit_per_minute`` admin
   requests per 60 s, counted before the key is checked (a wrong key counts too); over it: 429.
@@ -25,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import INVALID_REQUEST, APIError, api_error_response
+from gateway.errors import DETAIL, FULL_DETAIL, INVALID_REQUEST, APIError, api_error_response
 from gateway.shared.state import SharedState
 
 RATE_WINDOW = 60.0
@@ -84,9 +85,13 @@ class AuthMiddleware:
             return
         if not (path == "/v1" or path.startswith("/v1/")):
             return
+        key = bearer(scope)
+        admin = matches(key, self.admin_keys)
+        if admin is not None:
+            scope.setdefault("state", {})[DETAIL] = FULL_DETAIL
         digest = None
         if self.api_keys:
-            digest = matches(bearer(scope), self.api_keys)
+            digest = matches(key, self.api_keys) or admin
             if digest is None:
                 raise _unauthorized("API")
         shared = self.shared()

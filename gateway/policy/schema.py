@@ -16,6 +16,8 @@ Sections:
   bounds on the fields that multiply a request's cost (n, best_of, list prompts, logprobs,
   prompt logprobs, tools; gateway/request/costs.py).
 - ``pinning``: whether a request header may pin a tier.
+- ``errors``: how much a client is told: ``minimal`` (no tier names, addresses or failures in
+  error messages, no ``x-route-reason``) or ``full`` (gateway/errors.py).
 - ``resets``: when the gateway may drain a tier and reset its KV pool (time-of-day windows, a
   quiet-traffic condition, the least interval between two resets, drift triggers); the
   decision itself is gateway/reset_schedule.py. Window and quiet requirements are checked only
@@ -253,6 +255,12 @@ class TimeoutsPolicy(Section):
     first_byte_seconds: PositiveFloat = 120.0  # streamed requests only
 
 
+class ErrorsPolicy(Section):
+    """How much a client is told about the gateway's insides (see policies/routing.yaml)."""
+
+    detail: Literal["minimal", "full"] = "minimal"
+
+
 class PinningPolicy(Section):
     """Whether a request may choose its tier with a header (an operator's tool)."""
 
@@ -386,6 +394,7 @@ class RoutingPolicy(Section):
     limits: LimitsPolicy = Field(default_factory=LimitsPolicy)
     pinning: PinningPolicy = Field(default_factory=PinningPolicy)
     timeouts: TimeoutsPolicy = Field(default_factory=TimeoutsPolicy)
+    errors: ErrorsPolicy = Field(default_factory=ErrorsPolicy)
     resets: ResetsPolicy = Field(default_factory=ResetsPolicy)
     shadow: ShadowPolicy = Field(default_factory=ShadowPolicy)
 

@@ -290,7 +290,10 @@ def _no_chain(
         )
     headers = {"Retry-After": "5", **route_headers(request.cls, None, reason)}
     message = f"no tier can take this request now ({decision.reason}); retry shortly"
-    return APIError(503, _header(message), SERVER_ERROR, code=decision.error, headers=headers)
+    public = "no model server can take this request now; retry shortly"
+    return APIError(
+        503, _header(message), SERVER_ERROR, code=decision.error, headers=headers, public=public
+    )
 
 
 def _too_long(message: str, cls: str, reason: str, path: str) -> APIError:

@@ -23,10 +23,11 @@ from starlette.responses import JSONResponse, Response
 
 from backends.tier_state import TierState
 from gateway.control.shadow import ShadowJob
-from gateway.errors import SERVER_ERROR, APIError
+from gateway.errors import DETAIL, FULL_DETAIL, SERVER_ERROR, APIError, full_detail
 from gateway.request.exchange import Exchange, usage_tokens
 from gateway.request.plan import assess, plan_route, route_headers
 from gateway.request.relay import (
+    NO_SERVER,
     UpstreamStreamingResponse,
     open_chain,
     unless_client_leaves,
@@ -161,9 +162,18 @@ def wants_stream(body: Mapping[str, Any]) -> bool:
     return body.get("stream") is True
 
 
+def note_detail(request: Request, runtime: Runtime) -> bool:
+    """Whether this request's client is told everything (the policy's ``errors.detail``, or an
+    admin key; gateway/errors.py), noted in the request's state for the error handler."""
+    if runtime.policies.active.policy.errors.detail == FULL_DETAIL:
+        request.scope.setdefault("state", {})[DETAIL] = FULL_DETAIL
+    return full_detail(request)
+
+
 async def _relay_completion(request: Request, path: str) -> Response:
     runtime = get_runtime(request)
     config = runtime.config
+    note_detail(request, runtime)
     exchange = Exchange(runtime.tracer, runtime.metrics, runtime.shared, path)
     async with exchange:  # leaving it finishes the exchange, unless a stream now owns it
         with trace.use_span(exchange.span, end_on_exit=False):
@@ -178,6 +188,7 @@ async def _relay_completion(request: Request, path: str) -> Response:
                     SERVER_ERROR,
                     code="overloaded",
                     headers={"Retry-After": "1"},
+                    public="the gateway is at capacity; retry shortly",
                 )
             exchange.on_finish = runtime.admission.leave
             answer, shadow = await _completion(request, body, path, runtime, exchange)
@@ -213,6 +224,7 @@ async def _completion(
     charge = getattr(request.state, "rate_charge", None)
     if charge is not None and found.cost > 1:
         await charge(found.cost - 1)
+    full = full_detail(request)
     pinned = request.headers.get(active.policy.pinning.header)
     with tracer.start_as_current_span("route") as span:
         plan = plan_route(found, active.policy, runtime.board.statuses(), pinned, path)
@@ -244,7 +256,7 @@ async def _completion(
             exc.headers.update(route_headers(plan.cls, None, plan.reason))
             raise
         upstream_span.set_attribute("gateway.route.tier", tier.name)
-        answer_headers = route_headers(plan.cls, tier.name, plan.reason)
+        answer_headers = route_headers(plan.cls, tier.name, plan.reason if full else None)
         link = exchange.span.get_span_context()  # shadow comparisons link to the request
         shadow = ShadowJob(
             tier.name, path, plan.body_for(tier.name, body), plan.max_tokens_field, None, link
@@ -253,13 +265,13 @@ async def _completion(
             # From here on the streaming response owns the upstream and finishes the exchange;
             # its shadow job (no answer) is counted as dropped (streaming) when drawn.
             stream = UpstreamStreamingResponse(
-                runtime.upstream, tier, response, answer_headers, exchange
+                runtime.upstream, tier, response, answer_headers, exchange, full
             )
             return stream, shadow
         raw = await runtime.upstream.read(tier, response)
         prompt_tokens, exchange.output_tokens = usage_tokens(raw)
         exchange.input_tokens = prompt_tokens or exchange.input_tokens
-        answer = whole_response(tier, response, raw, answer_headers)
+        answer = whole_response(tier, response, raw, answer_headers, full)
         exchange.set_outcome(answer.status_code)
         if response.status_code == 200:
             return answer, dataclasses.replace(shadow, answer=raw)
@@ -292,6 +304,7 @@ async def completions(request: Request) -> Response:
 async def list_models(request: Request) -> Response:
     """``GET /v1/models``: the served model's entry, from the first ready tier that answers."""
     runtime = get_runtime(request)
+    note_detail(request, runtime)
     model_name = runtime.config.model_name
     ready = [s.name for s in runtime.board.statuses().values() if s.state == TierState.READY]
     failures: list[str] = []
@@ -314,6 +327,7 @@ async def list_models(request: Request) -> Response:
         SERVER_ERROR,
         code="no_tier_available",
         headers={"Retry-After": "5"},
+        public=NO_SERVER,
     )
 
 
@@ -327,6 +341,7 @@ def _models_answer(tier: str, raw: bytes, model_name: str) -> Response:
             f"tier '{tier}' sent a malformed /v1/models answer",
             SERVER_ERROR,
             code="upstream_error",
+            public="the model server sent a malformed model list",
         ) from exc
     served = [entry for entry in listed if entry.get("id") == model_name]
     if not served:
@@ -336,5 +351,6 @@ def _models_answer(tier: str, raw: bytes, model_name: str) -> Response:
             f"tier '{tier}' does not serve model '{model_name}' (it lists {ids})",
             SERVER_ERROR,
             code="model_mismatch",
+            public=f"the model server does not serve model '{model_name}'",
         )
     return JSONResponse({"object": "list", "data": served}, headers={TIER_HEADER: tier})

@@ -230,3 +230,19 @@ def test_admin_requests_are_rate_limited_per_address(
         ).admin_rate_limit_per_minute
         == 300
     )
+
+
+def test_an_admin_key_also_opens_v1_and_shows_the_route_reason(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = start_gateway(
+        stub.url, api_key_hashes=[hash_key(KEY)], admin_key_hashes=[hash_key(ADMIN)]
+    )
+    as_user = client.post(
+        f"{gateway}/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {KEY}"}
+    )
+    assert as_user.status_code == 200 and "x-route-reason" not in as_user.headers
+    as_admin = client.post(
+        f"{gateway}/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {ADMIN}"}
+    )
+    assert as_admin.status_code == 200 and as_admin.headers["x-route-reason"]

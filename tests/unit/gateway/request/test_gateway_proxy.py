@@ -329,7 +329,8 @@ def test_all_tiers_unreachable_is_503_promptly(
     assert time.monotonic() - started < 2
     error = assert_error_shape(response, 503)
     assert error["code"] == "no_tier_available"
-    assert "t0 (down)" in error["message"] and "t1 (down)" in error["message"]
+    # Which tier was down is the operators' to know (errors.detail: test_gateway_errors.py).
+    assert error["message"] == "no model server can take this request now; retry shortly"
     assert response.headers["retry-after"] == "5"
 
 
@@ -392,7 +393,7 @@ def test_upstream_dying_mid_stream_ends_with_sse_error(
     ]
     error = json.loads(events[2])["error"]
     assert error["code"] == "upstream_error"
-    assert "t0" in error["message"]
+    assert error["message"] == "the model server failed"  # the tier's name stays inside
     assert len(events) == 4  # two chunks, the error, [DONE]: never a second answer
 
 
