@@ -172,3 +172,36 @@ def test_a_failing_scrape_does_not_take_the_gateway_down(
         assert client.post("/v1/chat/completions", json=chat).status_code == 200
         assert client.get("/healthz").status_code == 200
         assert 'gateway_background_errors_total{loop="scrape"}' in client.get("/metrics").text
+
+
+def test_a_deeply_nested_policy_edit_leaves_the_gateway_serving_and_a_fix_applies(
+    stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Path
+) -> None:
+    # The issue's case: the edit raised RecursionError out of the watch, the lifespan tore
+    # the runtime down (every /v1 request and /readyz 500) and restoring the file did not help.
+    route = "[t0]"
+    good = (
+        f"tiers: [t0]\nroutes: {{tolerant: {route}, code: {route}, math: {route}, long: {route}}}\n"
+    )
+    policy = tmp_path / "routing.yaml"
+    policy.write_text(good)
+    gateway = start_gateway(stub.url, policy_path=str(policy), metrics_interval=0.2)
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+
+    def reloads(outcome: str) -> bool:
+        text = client.get(f"{gateway}/metrics").text
+        return f'gateway_policy_reloads_total{{outcome="{outcome}"}} 1.0' in text
+
+    policy.write_text(good + "saturation: " + "[" * 5000 + "]" * 5000 + "\n")
+    deadline = time.monotonic() + WAIT
+    while not reloads("rejected"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert client.post(f"{gateway}/v1/chat/completions", json=chat).status_code == 200
+    assert client.get(f"{gateway}/readyz").status_code == 200
+    assert client.get(f"{gateway}/healthz").status_code == 200
+    policy.write_text(good + "saturation: {max_requests_waiting: 8}\n")
+    while not reloads("applied"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert client.post(f"{gateway}/v1/chat/completions", json=chat).status_code == 200
