@@ -129,6 +129,12 @@ class GatewayMetrics:
         self.shadow_in_flight = Gauge(
             "gateway_shadow_in_flight", "Shadow comparisons running now.", registry=reg
         )
+        self.background_errors = Counter(
+            "gateway_background_errors_total",
+            "Exceptions that ended a background loop (started again), by loop.",
+            ["loop"],
+            registry=reg,
+        )
         self.tier_signals = TierSignalsCollector()
         reg.register(self.tier_signals)
 
@@ -179,6 +185,10 @@ class GatewayMetrics:
         """One reset of ``tier`` ended with ``outcome`` after ``seconds`` out of routing."""
         self.resets.labels(tier=tier, outcome=outcome).inc()
         self.reset_duration.labels(tier=tier).observe(max(seconds, 0.0))
+
+    def background_error(self, loop: str) -> None:
+        """A background loop (scrape, resets, policy_watch) failed and will start again."""
+        self.background_errors.labels(loop).inc()
 
     def shadow_compared(self, tier: str, agreement: float, deviated: bool) -> None:
         """One shadow comparison of ``tier`` with the reference ended with ``agreement``."""

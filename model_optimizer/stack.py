@@ -40,6 +40,7 @@ from gateway.config import (
     keys_from_environment,
 )
 from gateway.policy.store import PolicyStore
+from gateway.server import server_options
 from model_optimizer.envs import ROOT, cache_root, env_python, has_nvidia_gpu
 from model_optimizer.models import AlreadyReported, ModelError
 from model_optimizer.optimize import installed_vllm, run_in_optimize_env, run_optimize
@@ -317,7 +318,13 @@ def run_up(opts: UpOptions) -> int:
         _say(f"gateway on http://{LOOPBACK}:{opts.gateway_port}/v1 — try:")
         print(f"  {curl_example(opts.gateway_port, name)}", file=sys.stderr, flush=True)
         server = uvicorn.Server(
-            uvicorn.Config(app, host=LOOPBACK, port=opts.gateway_port, timeout_graceful_shutdown=5)
+            uvicorn.Config(
+                app,
+                host=LOOPBACK,
+                port=opts.gateway_port,
+                timeout_graceful_shutdown=5,
+                **server_options(config),
+            )
         )
         server.run()
     finally:

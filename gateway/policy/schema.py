@@ -12,8 +12,12 @@ Sections:
   and ``math`` by weighted signals against a threshold; ``tolerant`` is everything else.
 - ``routes``: per class, the tiers to try: an ordered chain, or ``most_free_kv`` over a list.
 - ``saturation``: when a tier counts as saturated (skipped) from its scraped metrics.
-- ``limits``: prompt and completion token limits and what to do when a request exceeds them.
+- ``limits``: prompt and completion token limits and what to do when a request exceeds them;
+  bounds on the fields that multiply a request's cost (n, best_of, list prompts, logprobs,
+  prompt logprobs, tools; gateway/request/costs.py).
 - ``pinning``: whether a request header may pin a tier.
+- ``errors``: how much a client is told: ``minimal`` (no tier names, addresses or failures in
+  error messages, no ``x-route-reason``) or ``full`` (gateway/errors.py).
 - ``resets``: when the gateway may drain a tier and reset its KV pool (time-of-day windows, a
   quiet-traffic condition, the least interval between two resets, drift triggers); the
   decision itself is gateway/reset_schedule.py. Window and quiet requirements are checked only
@@ -246,6 +250,13 @@ class LimitsPolicy(Section):
     tier_max_input_tokens: dict[str, PositiveInt] = Field(default_factory=dict)
     max_output_tokens: PositiveInt | None = None
     on_max_tokens_too_large: Literal["clamp", "reject"] = "clamp"
+    # Fields that multiply a request's cost (gateway/request/costs.py).
+    max_n: PositiveInt = 4
+    max_best_of: PositiveInt = 4
+    max_prompts: PositiveInt = 4
+    max_logprobs: Annotated[int, Field(strict=True, ge=0)] = 20
+    max_prompt_logprobs: Annotated[int, Field(strict=True, ge=0)] = 0
+    max_tools: Annotated[int, Field(strict=True, ge=0)] = 128
 
     def tier_input_cap(self, tier: str | None) -> int | None:
         """The per-tier prompt cap of ``tier`` (``None``: none set)."""
@@ -255,7 +266,13 @@ class LimitsPolicy(Section):
 class TimeoutsPolicy(Section):
     """How long a tier may take before the chain moves on (see policies/routing.yaml)."""
 
-    first_byte_seconds: PositiveFloat = 120.0
+    first_byte_seconds: PositiveFloat = 120.0  # streamed requests only
+
+
+class ErrorsPolicy(Section):
+    """How much a client is told about the gateway's insides (see policies/routing.yaml)."""
+
+    detail: Literal["minimal", "full"] = "minimal"
 
 
 class PinningPolicy(Section):
@@ -391,6 +408,7 @@ class RoutingPolicy(Section):
     limits: LimitsPolicy = Field(default_factory=LimitsPolicy)
     pinning: PinningPolicy = Field(default_factory=PinningPolicy)
     timeouts: TimeoutsPolicy = Field(default_factory=TimeoutsPolicy)
+    errors: ErrorsPolicy = Field(default_factory=ErrorsPolicy)
     resets: ResetsPolicy = Field(default_factory=ResetsPolicy)
     shadow: ShadowPolicy = Field(default_factory=ShadowPolicy)
 

@@ -32,6 +32,7 @@ class UpstreamUnavailable(APIError):
             f"tier '{tier}' is unreachable: {reason}",
             SERVER_ERROR,
             code="upstream_unavailable",
+            public="the model server is unreachable",
         )
         self.tier = tier
 
@@ -43,7 +44,11 @@ class UpstreamTimeout(APIError):
 
     def __init__(self, tier: str, reason: str) -> None:
         super().__init__(
-            504, f"tier '{tier}' timed out: {reason}", SERVER_ERROR, code="upstream_timeout"
+            504,
+            f"tier '{tier}' timed out: {reason}",
+            SERVER_ERROR,
+            code="upstream_timeout",
+            public="the model server timed out",
         )
         self.tier = tier
 
@@ -55,7 +60,11 @@ class UpstreamFailed(APIError):
 
     def __init__(self, tier: str, reason: str) -> None:
         super().__init__(
-            502, f"tier '{tier}' failed: {reason}", SERVER_ERROR, code="upstream_error"
+            502,
+            f"tier '{tier}' failed: {reason}",
+            SERVER_ERROR,
+            code="upstream_error",
+            public="the model server failed",
         )
         self.tier = tier
 

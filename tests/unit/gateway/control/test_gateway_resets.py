@@ -15,7 +15,14 @@ from backends.client import ResetResult, TierClientError
 from backends.tier_state import TierState
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint
-from gateway.control.resets import HISTORY, MARKS, ResetCoordinator, apply_shared_marks, parse_marks
+from gateway.control.resets import (
+    CURRENT,
+    HISTORY,
+    MARKS,
+    ResetCoordinator,
+    apply_shared_marks,
+    parse_marks,
+)
 from gateway.runtime import Runtime
 from gateway.shared.leader import LeaderLock
 from gateway.shared.state import SharedRecords
@@ -226,6 +233,48 @@ def test_marks_parse_leniently() -> None:
         "int4": TierState.DOWN
     }  # values that are not tier states are dropped
     assert parse_marks(None) == {} and parse_marks("not json") == {}
+
+
+@pytest.mark.parametrize("raw", ["5", '"draining"', '[["int8", "draining"]]', "null", "true"])
+def test_marks_that_are_not_an_object_are_no_marks(raw: str) -> None:
+    # Writing 5 to the marks key raised AttributeError in every replica's scrape loop.
+    assert parse_marks(raw) == {}
+
+
+def test_garbage_in_the_shared_reset_values_is_dropped_not_fatal(
+    three_stubs: list[str], tmp_path: Path
+) -> None:
+    good = {
+        "tier": "int8",
+        "started_at": NOON - 60,
+        "seconds": 1.0,
+        "outcome": "ok",
+        "detail": "",
+        "reason": "",
+        "leader": "x",
+        "token": 1,
+    }
+
+    async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
+        records = SharedRecords(runtime.shared)
+        await records.put(MARKS, "5", ttl=60)
+        await records.put(CURRENT, '["not", "a", "reset"]', ttl=60)
+        await records.push(HISTORY, json.dumps(good))
+        for bad in ("5", "not json", '{"tier": "fp16"}', json.dumps({**good, "started_at": "x"})):
+            await records.push(HISTORY, bad)
+        await apply_shared_marks(runtime, records)  # the scrape loop's step
+        decision = await coordinator.tick()
+        described = await coordinator.describe()
+        return decision, await coordinator.history(), described, await records.get(CURRENT)
+
+    (decision, history, described, current), calls = _with_coordinator(
+        three_stubs, _policy(tmp_path), scenario, [NOON]
+    )
+    assert decision is not None and decision.tier is None
+    assert [(r.tier, r.outcome) for r in history] == [("int8", "ok")]
+    assert [entry["tier"] for entry in described["history"]] == ["int8"]
+    assert current is None  # the unreadable record of a reset under way is cleared
+    assert calls == []
 
 
 def test_admin_resets_queue_and_describe(
