@@ -129,6 +129,12 @@ class GatewayMetrics:
         self.shadow_in_flight = Gauge(
             "gateway_shadow_in_flight", "Shadow comparisons running now.", registry=reg
         )
+        self.guard_trips = Counter(
+            "gateway_live_guard_trips_total",
+            "Times the live guard withheld a tier from a class (shadow agreement below floor).",
+            ["tier", "class"],
+            registry=reg,
+        )
         self.background_errors = Counter(
             "gateway_background_errors_total",
             "Exceptions that ended a background loop (started again), by loop.",
@@ -196,6 +202,10 @@ class GatewayMetrics:
         self.shadow_agreement.labels(tier).observe(agreement)
         if deviated:
             self.shadow_deviations.labels(tier).inc()
+
+    def guard_trip(self, tier: str, cls: str) -> None:
+        """The live guard withheld ``tier`` from class ``cls``."""
+        self.guard_trips.labels(tier, cls).inc()
 
     def shadow_drop(self, tier: str, reason: str) -> None:
         """A sampled shadow comparison of ``tier`` was not made (a fixed reason code)."""

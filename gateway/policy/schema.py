@@ -385,6 +385,24 @@ class ResetsPolicy(Section):
 # --------------------------------------------------------------------------- shadow
 
 
+class GuardPolicy(Section):
+    """The live guard over shadow comparisons (gateway/control/live_guard.py)."""
+
+    window: PositiveInt = 50  # comparisons per (tier, class) kept
+    min_samples: PositiveInt = 20  # fewer in the window: no verdict
+    floors: dict[str, float] = Field(default_factory=dict)  # class -> mean agreement floor
+
+    @field_validator("floors")
+    @classmethod
+    def _classes(cls, floors: dict[str, float]) -> dict[str, float]:
+        for name, floor in floors.items():
+            if name not in CLASS_NAMES:
+                raise ValueError(f"unknown class {name} (classes: {', '.join(CLASS_NAMES)})")
+            if not 0 <= floor <= 1:
+                raise ValueError(f"floor of {name} must be within 0..1, not {floor}")
+        return floors
+
+
 class ShadowPolicy(Section):
     """Shadow sampling; see policies/routing.yaml for each field."""
 
@@ -396,6 +414,7 @@ class ShadowPolicy(Section):
     deviation_threshold: float = Field(default=0.9, ge=0, le=1)
     max_tokens: PositiveInt = 64
     timeout_seconds: PositiveFloat = 60.0
+    guard: GuardPolicy = Field(default_factory=GuardPolicy)
 
 
 class RoutingPolicy(Section):

@@ -259,7 +259,13 @@ async def _completion(
         answer_headers = route_headers(plan.cls, tier.name, plan.reason if full else None)
         link = exchange.span.get_span_context()  # shadow comparisons link to the request
         shadow = ShadowJob(
-            tier.name, path, plan.body_for(tier.name, body), plan.max_tokens_field, None, link
+            tier.name,
+            path,
+            plan.body_for(tier.name, body),
+            plan.max_tokens_field,
+            None,
+            link,
+            plan.cls,
         )
         if wants_stream(body) and response.status_code == 200:
             # From here on the streaming response owns the upstream and finishes the exchange;
