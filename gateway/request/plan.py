@@ -136,6 +136,14 @@ def assess(
     limit = context_limit - 1 if context_limit is not None else None
     input_tokens = count_prompt(body, path, counter, limit)
     if limit is not None and input_tokens > limit:
+        # Past every tier's context, and past the gateway's own limit when it rejects: say the
+        # gateway's limit, the one a client can act on (the count is a lower bound here).
+        gate = check_prompt(input_tokens, policy.limits)
+        if gate is not None and gate.action == "reject":
+            message = gate.message.replace(
+                f"resulted in {input_tokens} tokens", f"resulted in more than {limit} tokens"
+            )
+            raise _too_long(message, "long", "prompt longer than every tier's context", path)
         raise APIError(
             400,
             f"This model's maximum context length is {context_limit} tokens. However, your "

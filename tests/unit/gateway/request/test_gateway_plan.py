@@ -213,8 +213,16 @@ def test_a_prompt_past_every_context_is_refused_after_bounded_counting(
         assess(body, path, SHIPPED, RULES, Counting(), context_limit=2048)
     error = caught.value
     assert (error.status, error.code, error.param) == (400, "context_length_exceeded", param)
-    assert "at least 2048 tokens" in error.message
+    # the shipped policy rejects past 1536 prompt tokens: that is the limit the client is told
+    assert "at most 1536 prompt tokens" in error.message
+    assert "more than 2047 tokens" in error.message
     assert counted and set(counted) == {2047}  # counted only as far as the longest context
+    without = SHIPPED.model_copy(
+        update={"limits": SHIPPED.limits.model_copy(update={"max_input_tokens": None})}
+    )
+    with pytest.raises(APIError) as caught:
+        assess(body, path, without, RULES, Counting(), context_limit=2048)
+    assert "at least 2048 tokens" in caught.value.message
 
 
 def test_tools_count_as_prompt_tokens() -> None:
