@@ -108,7 +108,7 @@ def _log_loss(y: np.ndarray, p: np.ndarray) -> float:
 def _threshold(y: np.ndarray, p: np.ndarray, recall: float) -> float:
     """The highest threshold whose precise recall on ``p`` is at least ``recall``."""
     positives = np.sort(p[y == 1])
-    index = int(math.floor((1 - recall) * len(positives)))
+    index = math.floor((1 - recall) * len(positives))
     return float(positives[min(index, len(positives) - 1)]) if len(positives) else 0.5
 
 
@@ -130,9 +130,7 @@ def _operating_point(y: np.ndarray, p: np.ndarray, threshold: float) -> dict[str
 
 def _export(model: LogisticRegression, inverse: list[str]) -> dict[str, Any]:
     weights = {
-        inverse[j]: round(float(w), 4)
-        for j, w in enumerate(model.coef_[0])
-        if abs(w) >= MIN_WEIGHT
+        inverse[j]: round(float(w), 4) for j, w in enumerate(model.coef_[0]) if abs(w) >= MIN_WEIGHT
     }
     return {"bias": round(float(model.intercept_[0]), 4), "weights": dict(sorted(weights.items()))}
 
@@ -159,7 +157,10 @@ def train(opts: Options, say: Any = print) -> dict[str, Any]:
         say(f"  C={c:<5g} cross-validated log loss {scored[-1][0]:.4f}")
     _loss, c_best, oof = min(scored, key=lambda item: item[0])
     thresholds = [
-        {"precise_recall_target": r, **_operating_point(precise_y, oof, _threshold(precise_y, oof, r))}
+        {
+            "precise_recall_target": r,
+            **_operating_point(precise_y, oof, _threshold(precise_y, oof, r)),
+        }
         for r in RECALL_TARGETS
     ]
     thresholds += [
@@ -183,14 +184,17 @@ def train(opts: Options, say: Any = print) -> dict[str, Any]:
     mask = labels != "tolerant"
     code = _fit(x[mask], (labels[mask] == "code").astype(int), c_best)
     data_digest = hashlib.sha256(opts.data.read_bytes()).hexdigest()[:12]
-    out = {
+    precise_weights, code_weights = _export(precise, inverse), _export(code, inverse)
+    out: dict[str, Any] = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "name": opts.name,
         "version": opts.version,
         "window": {"head_chars": HEAD_CHARS, "tail_chars": TAIL_CHARS},
         "metadata": {
-            "trained_on": f"{opts.data.relative_to(ROOT) if opts.data.is_relative_to(ROOT) else opts.data}",
+            "trained_on": str(
+                opts.data.relative_to(ROOT) if opts.data.is_relative_to(ROOT) else opts.data
+            ),
             "data_sha256": data_digest,
             "rows": dict(sorted(Counter(labels.tolist()).items())),
             "features_seen": len(inverse),
@@ -198,13 +202,13 @@ def train(opts: Options, say: Any = print) -> dict[str, Any]:
             "cross_validation": cv,
             "scikit_learn": sklearn.__version__,
         },
-        "precise": _export(precise, inverse),
-        "code": _export(code, inverse),
+        "precise": precise_weights,
+        "code": code_weights,
     }
     opts.output.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(out, ensure_ascii=False, separators=(",", ":"), sort_keys=False)
     opts.output.write_text(text + "\n", encoding="utf-8")
-    kept = len(out["precise"]["weights"]), len(out["code"]["weights"])
+    kept = len(precise_weights["weights"]), len(code_weights["weights"])
     say(
         f"wrote {opts.output} ({opts.output.stat().st_size / 1024:.0f} KiB; "
         f"{kept[0]} precise and {kept[1]} code weights)"

@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (the written prompts below are data: one prompt per line)
 """Build the request classifier's training and held-out data (classifier/data/).
 
     $(python3 -m model_optimizer.envs path train)/bin/python scripts/make_classifier_data.py \\
@@ -178,12 +179,47 @@ def humaneval(rng: random.Random) -> Iterator[Row]:
                 yield _row(ask.format(s=summary), "code", f"humaneval-prose:{task_id}")
 
 
-STDLIB = (
-    "string shutil json re collections itertools functools statistics math datetime random "
-    "textwrap heapq bisect csv pathlib urllib.parse base64 hashlib zipfile difflib fnmatch glob "
-    "calendar operator copy html uuid os.path posixpath ipaddress fractions decimal tarfile "
-    "gzip secrets shlex email.utils http.cookies"
-).split()
+STDLIB = [
+    "string",
+    "shutil",
+    "json",
+    "re",
+    "collections",
+    "itertools",
+    "functools",
+    "statistics",
+    "math",
+    "datetime",
+    "random",
+    "textwrap",
+    "heapq",
+    "bisect",
+    "csv",
+    "pathlib",
+    "urllib.parse",
+    "base64",
+    "hashlib",
+    "zipfile",
+    "difflib",
+    "fnmatch",
+    "glob",
+    "calendar",
+    "operator",
+    "copy",
+    "html",
+    "uuid",
+    "os.path",
+    "posixpath",
+    "ipaddress",
+    "fractions",
+    "decimal",
+    "tarfile",
+    "gzip",
+    "secrets",
+    "shlex",
+    "email.utils",
+    "http.cookies",
+]
 
 
 def _third_person(verb: str) -> str:
@@ -231,7 +267,9 @@ _FLAN_SKIPPED = {"math_dataset", "drop"}  # math, and reading comprehension that
 def flan_templates(folder: Path, rng: random.Random) -> Iterator[Row]:
     """FLAN's instruction templates (NLP tasks: inference, summaries, translation, QA...)
     filled with sentences and questions from StrategyQA (MIT)."""
-    spec = importlib.util.spec_from_file_location("flan_templates", folder / "flan" / "templates.py")
+    spec = importlib.util.spec_from_file_location(
+        "flan_templates", folder / "flan" / "templates.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -273,7 +311,9 @@ NIV2_MATH = re.compile(
     r"sum_of|mean|integer|number|numer|digit|divisib|multiply|odds|evens|max_element|kth_|"
     r"monotonic|range_array|closest|farthest|geometr|probab|accounting|physics"
 )
-NIV2_LEFT_OUT = re.compile(r"element|list|array|string|char|letter|count|reverse|index|palindrome|sort")
+NIV2_LEFT_OUT = re.compile(
+    r"element|list|array|string|char|letter|count|reverse|index|palindrome|sort"
+)
 
 
 def niv2(folder: Path) -> Iterator[Row]:
@@ -472,7 +512,7 @@ def _math_prompt(rng: random.Random) -> str:
         f"A car accelerates from 0 to {x + 60} km/h in {z} seconds. What is its average acceleration in m/s^2?",
         f"If the median of five numbers is {x} and their mean is {y}, what could the numbers be?",
         f"Estimate the standard error of a sample of {x * 10} with a standard deviation of {z}.",
-        f"Prove that the sum of two odd numbers is even.",
+        "Prove that the sum of two odd numbers is even.",
         f"Show that the square root of {rng.choice([2, 3, 5, 7])} is irrational.",
         f"How many seconds are there in {x} days?",
         f"What is {x}/{y} as a decimal and as a percentage?",
