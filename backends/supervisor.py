@@ -1,14 +1,13 @@
 """Keep the tiers running: start them in turn, warm them up, restart a crashed one with backoff.
 
 Decisions are pure (``restart_delay``, ``next_step``); ``Supervisor`` does the I/O. Each
-tier's state (starting, ready, draining, resetting, down) is published through a callback, so
-the gateway routes only to ready tiers. ``stop_all`` stops the monitor first, then every
+tier's ``TierState`` (backends/tier_state.py) is published through a callback and ``states()``,
+so the gateway routes only to ready tiers. ``stop_all`` stops the monitor first, then every
 tier's whole process group: no orphans.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
@@ -17,17 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.process import TierProcess, TierStartError
+from backends.tier_state import TierState
 from backends.vllm_args import TierLaunch
 
 log = logging.getLogger("model_optimizer.supervisor")
-
-
-class TierState(enum.StrEnum):
-    STARTING = "starting"
-    READY = "ready"
-    DRAINING = "draining"
-    RESETTING = "resetting"
-    DOWN = "down"
 
 
 @dataclass(frozen=True)

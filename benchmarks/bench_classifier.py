@@ -34,18 +34,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway.classify import (  # noqa: E402
-    _LETTERS_AND_SPACE,
+from gateway.policy.schema import PolicyError, load_policy  # noqa: E402
+from gateway.request.classify import (  # noqa: E402
     CODE,
     LONG,
     MATH,
     TOLERANT,
     CompiledClasses,
-    _Scan,
     classify,
 )
-from gateway.limits import TokenCounter, TokenizerError, read_chat_template  # noqa: E402
-from gateway.policy import PolicyError, load_policy  # noqa: E402
+from gateway.request.limits import TokenCounter, TokenizerError, read_chat_template  # noqa: E402
+from gateway.request.prefilter import Scan  # noqa: E402
 from measure.eval_data import VICUNA  # noqa: E402
 from measure.serving_stats import percentile  # noqa: E402
 from model_optimizer.envs import cache_root  # noqa: E402
@@ -108,8 +107,7 @@ def bench_time(
         cls = classify(text, below, compiled).cls
         print(f"    {name:8} {len(text):>6} {cls:9} {median:8.1f} {p99:8.1f}   {count_median:8.1f}")
         if per_pattern:
-            raw = text.encode("utf-8", "surrogatepass")
-            scan = _Scan("\n" + text + "\n", raw.translate(None, _LETTERS_AND_SPACE), raw.isascii())
+            scan = Scan.of(text)
             for matcher in (compiled.fence, *compiled.code_patterns, *compiled.math_patterns):
                 cost, _ = time_calls(lambda m=matcher, s=scan: m.search(s), max(runs // 20, 200))
                 hit = "match" if matcher.search(scan) else ""

@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backends.process import free_port  # noqa: E402
-from gateway.policy import load_policy  # noqa: E402
+from gateway.policy.schema import load_policy  # noqa: E402
 from measure.serving_stats import percentile  # noqa: E402
 from model_optimizer.envs import cache_root  # noqa: E402
 from model_optimizer.stack import DEFAULT_SERVED_NAME  # noqa: E402

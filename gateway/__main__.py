@@ -7,8 +7,8 @@ import sys
 
 from gateway.app import load_counter, load_policies, serve
 from gateway.config import ConfigError, keys_from_environment, load_config
-from gateway.limits import TokenizerError
-from gateway.policy import PolicyError
+from gateway.policy.schema import PolicyError
+from gateway.request.limits import TokenizerError
 
 
 def main(argv: list[str] | None = None) -> int:

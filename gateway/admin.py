@@ -15,10 +15,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.control.resets import ResetCoordinator
 from gateway.errors import APIError
-from gateway.policy_store import PolicyStore
-from gateway.resets import ResetCoordinator
-from gateway.state import get_runtime
+from gateway.policy.store import PolicyStore
+from gateway.runtime import get_runtime
 
 
 def _store(request: Request) -> PolicyStore:

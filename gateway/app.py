@@ -21,44 +21,54 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from backends.tier_state import TierState
 from gateway.admin import admin_routes
 from gateway.auth import AuthMiddleware
-from gateway.classify import CompiledClasses
 from gateway.config import GatewayConfig
+from gateway.control.resets import ResetCoordinator, apply_shared_marks
+from gateway.control.shadow import ShadowSampler, encoder
+from gateway.control.tier_memory import TierMemory, TierPids
+from gateway.control.tier_signals import derive_signals
+from gateway.control.tier_status import SupervisorStates, TierBoard, scrape_tier
 from gateway.errors import exception_handlers
 from gateway.health import healthz, readyz
-from gateway.leader import LeaderLock
-from gateway.limits import TokenCounter
 from gateway.metrics import GatewayMetrics
 from gateway.openapi import openapi_document
-from gateway.plan import ByteCounter, PromptCounter
-from gateway.policy_store import ActivePolicy, PolicyStore
-from gateway.proxy import chat_completions, completions, list_models
-from gateway.resets import ResetCoordinator, apply_shared_marks
-from gateway.shadow import ShadowSampler, encoder
-from gateway.shared import SharedRecords, SharedState
-from gateway.state import Admission, FixedPolicy, PolicySource, Runtime, default_policy, get_runtime
+from gateway.policy.derive import TierFigures
+from gateway.policy.store import ActivePolicy, PolicyStore
+from gateway.request.classify import CompiledClasses
+from gateway.request.limits import TokenCounter
+from gateway.request.plan import ByteCounter, PromptCounter
+from gateway.request.proxy import chat_completions, completions, list_models
+from gateway.request.upstream import Upstream
+from gateway.runtime import (
+    Admission,
+    FixedPolicy,
+    PolicySource,
+    Runtime,
+    default_policy,
+    get_runtime,
+)
+from gateway.shared.leader import LeaderLock
+from gateway.shared.state import SharedRecords, SharedState
 from gateway.telemetry import build_tracer_provider, instrument_asgi, shutdown
-from gateway.tier_memory import TierMemory, TierPids
-from gateway.tier_signals import derive_signals
-from gateway.tier_status import TierBoard, TierStates, scrape_tier
-from gateway.upstream import Upstream
 
 logger = logging.getLogger(__name__)
 
 
 def create_app(
     config: GatewayConfig,
-    tier_states: TierStates | None = None,
+    supervisor_states: SupervisorStates | None = None,
     *,
     span_exporter: SpanExporter | None = None,
     tier_pids: TierPids | None = None,
 ) -> Starlette:
     """Build the app (no I/O until its lifespan runs).
 
-    ``tier_states`` returns each tier's state as its supervisor sees it; without it, tiers are
-    judged by their scrapes alone. ``tier_pids`` returns each tier's root process (the
-    supervisor's); without it, loopback tiers are found by port (gateway/tier_memory.py).
+    ``supervisor_states`` returns each tier's ``TierState`` as its supervisor sees it; without
+    it, tiers are judged by their scrapes alone. ``tier_pids`` returns each tier's root process
+    (the supervisor's); without it, loopback tiers are found by port
+    (gateway/control/tier_memory.py).
     ``span_exporter`` replaces the ``OTEL_*``-configured exporters (tests pass an in-memory one).
     """
     provider = build_tracer_provider(span_exporter)
@@ -74,7 +84,7 @@ def create_app(
         shared = SharedState(config.redis_url, prefix=config.redis_prefix)
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
             await shared.start()
-            upstream, board = Upstream(client), TierBoard(config.tiers, tier_states)
+            upstream, board = Upstream(client), TierBoard(config.tiers, supervisor_states)
             tracer = provider.get_tracer("model_optimizer.gateway")
             runtime = Runtime(
                 config=config,
@@ -158,9 +168,22 @@ def load_policies(config: GatewayConfig) -> PolicySource:
         policy = default_policy(names)
         rules = CompiledClasses.build(policy.classes)
         return FixedPolicy(ActivePolicy(policy, rules, "default", 0.0, "<configured order>"))
-    store = PolicyStore(config.policy_path, known_tiers=[*names, *config.policy_extra_tiers])
+    store = PolicyStore(
+        config.policy_path,
+        known_tiers=[*names, *config.policy_extra_tiers],
+        measured=measured_figures(config),
+        reference=config.reference_tier,
+    )
     store.load()
     return store
+
+
+def measured_figures(config: GatewayConfig) -> dict[str, TierFigures]:
+    """The config's measured tiers as the route derivation takes them."""
+    return {
+        name: TierFigures(name, dict(m.quality), m.ttft_s, m.tpot_s, m.throughput_tok_s)
+        for name, m in config.measured.items()
+    }
 
 
 def load_counter(config: GatewayConfig) -> PromptCounter:
@@ -189,7 +212,7 @@ async def scrape_all(runtime: Runtime) -> None:
     states = {name: status.state for name, status in runtime.board.statuses().items()}
     for name, state in states.items():
         if state != before[name]:
-            log = logger.warning if state == "down" else logger.info
+            log = logger.warning if state == TierState.DOWN else logger.info
             log("tier %s: %s -> %s", name, before[name], state)
     await runtime.shared.put_tier_health(states, ttl=3 * runtime.config.metrics_interval)
 
@@ -206,7 +229,7 @@ async def metrics_endpoint(request: Request) -> Response:
     runtime = get_runtime(request)
     in_flight = await runtime.shared.in_flight()
     for name, status in runtime.board.statuses().items():
-        runtime.metrics.set_tier(name, in_flight.get(name, 0), status.state == "ready")
+        runtime.metrics.set_tier(name, in_flight.get(name, 0), status.state == TierState.READY)
     board, memory = runtime.board, runtime.memory
     runtime.metrics.tier_signals.publish(
         {

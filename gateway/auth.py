@@ -3,7 +3,7 @@
 - ``/v1/...``: when ``api_key_hashes`` is set, a request needs ``Authorization: Bearer <key>``
   whose sha256 is one of them (401 ``invalid_api_key`` otherwise). With a per-minute rate
   limit, each key (or each client address when no keys are set) gets that many requests per
-  60 s across all replicas (gateway/shared.py); over it: 429 with ``Retry-After``.
+  60 s across all replicas (gateway/shared/state.py); over it: 429 with ``Retry-After``.
 - ``/admin/...``: always needs an admin key (``admin_key_hashes``); none configured means the
   admin API is off (403).
 - Everything else (``/healthz``, ``/readyz``, ``/metrics``) is open, as probes expect.
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import INVALID_REQUEST, APIError, api_error_response
-from gateway.shared import SharedState
+from gateway.shared.state import SharedState
 
 RATE_WINDOW = 60.0
 

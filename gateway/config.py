@@ -40,6 +40,18 @@ class TierEndpoint(BaseModel):
         return value
 
 
+class MeasuredTier(BaseModel):
+    """One tier's figures measured on this machine (``up``'s admission check and speed
+    calibration): agreement with the reference tier per category, and speed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    quality: dict[str, float]
+    ttft_s: float = Field(ge=0)
+    tpot_s: float = Field(ge=0)
+    throughput_tok_s: float = Field(ge=0)
+
+
 class GatewayConfig(BaseModel):
     """Everything ``create_app`` needs; tiers are tried in order until one answers."""
 
@@ -68,6 +80,10 @@ class GatewayConfig(BaseModel):
     # Completion requests this process holds at once; past it new ones get a prompt 503 with
     # Retry-After (load shedding) instead of queueing behind an overloaded event loop.
     max_in_flight: int = Field(default=256, gt=0)
+    # Tiers' measured figures; routes with `derive` in the policy are ordered from them
+    # (gateway/policy/derive.py). Empty: every route as written.
+    measured: dict[str, MeasuredTier] = Field(default_factory=dict)
+    reference_tier: str | None = None  # the tier the quality figures are measured against
 
     @field_validator("api_key_hashes", "admin_key_hashes")
     @classmethod

@@ -9,8 +9,8 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.config import TierEndpoint
 from gateway.errors import SERVER_ERROR, APIError, error_response
-from gateway.state import get_config, get_upstream
-from gateway.upstream import Upstream, UpstreamTimeout, UpstreamUnavailable, aclose_quietly
+from gateway.request.upstream import Upstream, UpstreamTimeout, UpstreamUnavailable, aclose_quietly
+from gateway.runtime import get_config, get_upstream
 
 
 async def healthz(request: Request) -> Response:

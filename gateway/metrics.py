@@ -22,13 +22,13 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.tier_signals import TierSignals
+from gateway.control.tier_signals import TierSignals
 
 NO_TIER = "none"
 # LLM calls span milliseconds (a rejected or cached answer) to minutes (a long generation).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
 RELOAD_OUTCOMES = frozenset({"applied", "rejected", "unchanged"})
-# Token agreement of a shadow comparison, 0..1 (gateway/shadow.py); 1 means identical outputs.
+# Token agreement of a shadow comparison, 0..1 (gateway/control/shadow.py); 1: identical outputs.
 AGREEMENT_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
@@ -217,8 +217,8 @@ TIER_SIGNAL_SERIES = (
 
 
 class TierSignalsCollector(Collector):
-    """Renders the latest ``TierSignals`` of each tier (gateway/tier_signals.py); a value that
-    is not known has no sample."""
+    """Renders the latest ``TierSignals`` of each tier (gateway/control/tier_signals.py); a value
+    that is not known has no sample."""
 
     def __init__(self) -> None:
         self._signals: dict[str, TierSignals] = {}

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from backends.process import TierStartError
 from backends.spec import SpecError, load_spec
-from gateway.policy import CLASS_NAMES, PolicyError
-from gateway.policy_store import PolicyStore
+from gateway.policy.schema import CLASS_NAMES, PolicyError
+from gateway.policy.store import PolicyStore
 from measure import command as bench_command
 from measure import eval_cli
 from measure.admission_run import CheckOptions

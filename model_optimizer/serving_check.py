@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from backends.platform import CPUINFO
 from backends.spec import AdmissionSpec
@@ -35,11 +36,12 @@ from measure.admission import (
     verdict_to_json,
 )
 from measure.admission_run import CheckOptions, CheckResult, run_check
+from measure.speed import TierSpeed, calibrate
 from model_optimizer.envs import cache_root
 from model_optimizer.models import ModelError
 from optimizer.probes import load_probes
 
-VERSION = "1"  # bump when the check's procedure changes
+VERSION = "2"  # bump when the check's procedure changes (2: tier speeds)
 EMULABLE = ("int8", "int4")
 
 
@@ -49,6 +51,7 @@ class Admission:
 
     reference: str
     verdicts: dict[str, TierVerdict]
+    speeds: dict[str, TierSpeed] = dataclasses.field(default_factory=dict)  # every tier's
 
     def admitted_classes(self) -> dict[str, list[str]]:
         """Tier → the classes it may serve (tiers not listed serve every class)."""
@@ -58,7 +61,33 @@ class Admission:
         return {name: v.mode for name, v in self.verdicts.items()}
 
     def lines(self) -> list[str]:
-        return [v.summary() for v in self.verdicts.values()]
+        out = [v.summary() for v in self.verdicts.values()]
+        for name, speed in self.speeds.items():
+            out.append(
+                f"tier {name} speed: TTFT {speed.ttft_s * 1000:.0f} ms, TPOT "
+                f"{speed.tpot_s * 1000:.1f} ms alone; {speed.throughput_tok_s:.0f} output tok/s "
+                f"at {speed.concurrency} at once"
+            )
+        return out
+
+    def measured(self) -> dict[str, dict[str, Any]]:
+        """Per tier: quality per category (agreement with the reference; 1 for the reference)
+        and speed, as the gateway's ``GatewayConfig.measured`` takes them."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, speed in self.speeds.items():
+            verdict = self.verdicts.get(name)
+            quality = (
+                {c.category: c.forced_agreement for c in verdict.categories}
+                if verdict is not None
+                else {"chat": 1.0, "code": 1.0, "math": 1.0}
+            )
+            out[name] = {
+                "quality": quality,
+                "ttft_s": speed.ttft_s,
+                "tpot_s": speed.tpot_s,
+                "throughput_tok_s": speed.throughput_tok_s,
+            }
+        return out
 
 
 def admission_probes() -> list[AdmissionProbe]:
@@ -123,6 +152,7 @@ def load_cached(key: str) -> Admission | None:
         return Admission(
             str(data["reference"]),
             {name: verdict_from_json(v) for name, v in data["verdicts"].items()},
+            {name: TierSpeed(**v) for name, v in data.get("speeds", {}).items()},
         )
     except (OSError, ValueError, KeyError, TypeError, AdmissionError):
         return None
@@ -135,6 +165,7 @@ def save(key: str, admission: Admission) -> None:
     data = {
         "reference": admission.reference,
         "verdicts": {name: verdict_to_json(v) for name, v in admission.verdicts.items()},
+        "speeds": {name: dataclasses.asdict(v) for name, v in admission.speeds.items()},
     }
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
@@ -216,6 +247,12 @@ def admit(
             say(f"{again.summary()}; back to the native kernels")
             restart(launch)
     return out, Admission(spec.reference, verdicts)
+
+
+def measure_speeds(launches: Sequence[TierLaunch], tokenizer_dir: Path) -> dict[str, TierSpeed]:
+    """Each tier's speed alone and under a little load (measure/speed.py), one at a time."""
+    tiers = {t.name: f"http://{t.host}:{t.port}" for t in launches}
+    return calibrate(tiers, launches[0].served_model_name, tokenizer_dir)
 
 
 def print_admission(admission: Admission) -> None:

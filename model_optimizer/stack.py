@@ -29,9 +29,9 @@ from backends.process import check_port_free
 from backends.spec import AdmissionSpec, load_spec, resolve_tiers
 from backends.supervisor import RestartPolicy, Supervisor
 from backends.vllm_args import LOOPBACK, TierLaunch
-from gateway.app import create_app
-from gateway.config import GatewayConfig, TierEndpoint, keys_from_environment
-from gateway.policy_store import PolicyStore
+from gateway.app import create_app, load_policies
+from gateway.config import GatewayConfig, MeasuredTier, TierEndpoint, keys_from_environment
+from gateway.policy.store import PolicyStore
 from model_optimizer.envs import ROOT, cache_root, env_python, has_nvidia_gpu
 from model_optimizer.models import AlreadyReported, ModelError
 from model_optimizer.optimize import installed_vllm, run_in_optimize_env, run_optimize
@@ -45,6 +45,7 @@ from model_optimizer.serving_check import (
     cache_file,
     load_cached,
     machine_identity,
+    measure_speeds,
     print_admission,
     save,
     variant_digest,
@@ -202,6 +203,9 @@ def phase_admission(
         supervisor.replace(launch.name, launch)
 
     launches, admission = admit(launches, spec, admission_probes(), emulate, restart, _say)
+    _say("measuring each tier's speed (measure/speed.py) ...")
+    speeds = measure_speeds(launches, launches[0].model_dir)
+    admission = dataclasses.replace(admission, speeds=speeds)
     save(key, admission)
     print_admission(admission)
     return launches, admission
@@ -235,6 +239,10 @@ def gateway_config(
         tokenizer_dir=str(launches[0].model_dir),
         redis_url=opts.redis_url or None,
         policy_extra_tiers=[t for t in spec_tiers(opts.spec) if t not in {x.name for x in tiers}],
+        measured={k: MeasuredTier(**v) for k, v in admission.measured().items()}
+        if admission
+        else {},
+        reference_tier=admission.reference if admission else None,
     )
     return keys_from_environment(config)
 
@@ -281,9 +289,11 @@ def run_up(opts: UpOptions) -> int:
             launches, variants, spec.admission, supervisor, key, cached
         )
         config = gateway_config(opts, name, launches, admission)
+        for derived in load_policies(config).active.derived.values():
+            _say(f"route {derived.describe()}")
         app = create_app(
             config,
-            tier_states=lambda: {k: v.value for k, v in supervisor.states().items()},
+            supervisor_states=supervisor.states,
             tier_pids=supervisor.pids,
         )
         _say(f"gateway on http://{LOOPBACK}:{opts.gateway_port}/v1 — try:")

@@ -44,7 +44,9 @@ from optimizer.sources import ModelSource, source_fingerprint
 COMPUTE_DTYPE_NAME = "float32"
 STORAGE_DTYPE_NAME = "bfloat16"
 TOOLS = ("torch", "transformers", "llmcompressor", "compressed-tensors")
-OPTIMIZER_VERSION = "1"  # bump when the pipeline's output changes for the same inputs
+# Bump when the pipeline's output changes for the same inputs (2: the source's sampling
+# defaults in generation_config.json).
+OPTIMIZER_VERSION = "2"
 
 
 class CheckFailed(RuntimeError):

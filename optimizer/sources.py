@@ -21,6 +21,14 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _GGUF_MAGIC = b"GGUF"
 _SAMPLE = 1 << 20
+# The model card's recommended sampling for the embedded default (SmolLM2-135M-Instruct):
+# without it vLLM samples at temperature 1.0 and this 135M model rambles. Written into the
+# converted folder's generation_config.json, which the variants and vLLM then take as defaults
+# for clients that send no temperature/top_p.
+SAMPLING_DEFAULTS: dict[str, dict[str, float]] = {
+    DEFAULT_MODEL_NAME: {"temperature": 0.2, "top_p": 0.9},
+}
+CONVERSION_VERSION = "2"  # bump when convert_gguf's output changes for the same GGUF
 
 
 class SourceError(ValueError):
@@ -97,7 +105,7 @@ def source_fingerprint(source: ModelSource) -> str:
 
 def converted_dir(cache: Path, source: ModelSource) -> Path:
     """Where the Hugging Face copy of a GGUF source lives in the cache."""
-    return cache / "models" / f"{source.name}-{source_fingerprint(source)}"
+    return cache / "models" / f"{source.name}-{source_fingerprint(source)}-c{CONVERSION_VERSION}"
 
 
 def convert_gguf(source: ModelSource, dest: Path) -> Path:
@@ -125,6 +133,7 @@ def convert_gguf(source: ModelSource, dest: Path) -> Path:
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        write_sampling_defaults(tmp, SAMPLING_DEFAULTS.get(source.name, {}))
         (tmp / "source.json").write_text(
             json.dumps({"gguf": str(source.path), "fingerprint": source_fingerprint(source)})
         )
@@ -134,6 +143,16 @@ def convert_gguf(source: ModelSource, dest: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dest
+
+
+def write_sampling_defaults(folder: Path, sampling: dict[str, float]) -> None:
+    """Merge ``sampling`` (temperature, top_p, ...) into ``folder``'s generation_config.json."""
+    if not sampling:
+        return
+    path = folder / "generation_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    config.update({**sampling, "do_sample": True})
+    path.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def materialize(spec: str, cache: Path) -> Path:

@@ -80,7 +80,9 @@ def test_bad_policy_files_never_replace_the_serving_one(stack: Stack) -> None:
     bad = {
         "garbage": "tiers: [fp16\n  - ]]: ::\n",
         "empty": "",
-        "unknown tier": original.replace("tolerant: [int4, int8, fp16]", "tolerant: [int2]"),
+        "unknown tier": original.replace(
+            "tiers: [int4, int8, fp16], derive", "tiers: [int2], derive"
+        ),
     }
     try:
         for what, text in bad.items():

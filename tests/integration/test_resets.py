@@ -125,7 +125,8 @@ def test_one_replica_leads_and_a_dead_leader_lets_the_tier_go(
     long_body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": PROMPTS[0]}],
-        "max_tokens": 300,
+        # long enough to outlast the drain on a fast CPU (~55 tokens/s on an AVX-512 EPYC)
+        "max_tokens": 1000,
         "ignore_eos": True,
     }
     with ThreadPoolExecutor(1) as pool:
@@ -135,8 +136,12 @@ def test_one_replica_leads_and_a_dead_leader_lets_the_tier_go(
         assert httpx.post(f"{second}/admin/resets/int4", headers=_admin(KEY)).status_code == 202
         # The leader marks the tier at once; the other replica sees the shared
         # mark on its next scrape (metrics_interval), so both are waited for.
-        wait_until(lambda: _tiers(first)["int4"]["state"] == "draining")
-        wait_until(lambda: _tiers(second)["int4"]["state"] == "draining")
+        try:
+            wait_until(lambda: _tiers(first)["int4"]["state"] == "draining")
+            wait_until(lambda: _tiers(second)["int4"]["state"] == "draining")
+        except AssertionError:  # say what the replicas decided, and what int4 did
+            views = [(_resets(url)["last_decision"], _tiers(url)["int4"]) for url, _ in replicas]
+            pytest.fail(f"int4 never showed draining on both replicas: {views}")
         views = [_resets(url) for url, _ in replicas]
         leaders = [v for v in views if v["leader"]["holder"] == v["leader"]["this_replica"]]
         assert len(leaders) == 1  # exactly one replica leads

@@ -3,7 +3,8 @@ import sys
 import time
 from pathlib import Path
 
-from backends.supervisor import RestartPolicy, Supervisor, TierState, next_step, restart_delay
+from backends.supervisor import RestartPolicy, Supervisor, next_step, restart_delay
+from backends.tier_state import TierState
 from backends.vllm_args import TierLaunch
 
 POLICY = RestartPolicy(max_restarts=3, backoff_initial_s=1.0, backoff_max_s=5.0)

@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 import gateway.__main__ as gateway_main
 import gateway.app as gateway_app
 from gateway import GatewayConfig, TierEndpoint, create_app
-from gateway.upstream import Upstream
+from gateway.request.upstream import Upstream
 
 KEYS = {"message", "type", "param", "code"}
 

@@ -100,9 +100,8 @@ def test_admin_policy_shows_the_policy_and_reloads(
         (ROOT / "policies" / "routing.yaml")
         .read_text()
         .replace("[fp16, int8, int4]", "[t0]")
-        .replace("tolerant: [int4, int8, fp16]", "tolerant: [t0]")
-        .replace("code: [fp16, int8]", "code: [t0]")
-        .replace("math: [fp16, int8]", "math: [t0]")
+        .replace("tiers: [int4, int8, fp16], derive", "tiers: [t0], derive")
+        .replace("tiers: [fp16, int8], derive", "tiers: [t0], derive")
     )
     headers = {"Authorization": f"Bearer {ADMIN}"}
     gateway = start_gateway(

@@ -53,11 +53,12 @@ def test_a_bad_policy_names_file_line_and_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "routing.yaml"
-    path.write_text(POLICY.read_text().replace("code: [fp16, int8]", "code: [fp16, int9]"))
+    text = POLICY.read_text().replace("code: {tiers: [fp16, int8]", "code: {tiers: [fp16, int9]")
+    path.write_text(text)
     line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "int9" in text)
     message = _fails(["policy", "check", str(path)], capsys)
     assert message == (
-        f"{path}:{line}: routes.code[1]: unknown tier int9 (tiers: fp16, int8, int4)"
+        f"{path}:{line}: routes.code.tiers[1]: unknown tier int9 (tiers: fp16, int8, int4)"
     )
 
 

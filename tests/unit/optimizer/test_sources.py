@@ -4,10 +4,12 @@ from pathlib import Path
 import pytest
 
 from optimizer.sources import (
+    SAMPLING_DEFAULTS,
     SourceError,
     converted_dir,
     describe_source,
     source_fingerprint,
+    write_sampling_defaults,
 )
 
 
@@ -56,4 +58,13 @@ def test_fingerprint_follows_content_not_mtime(tmp_path: Path) -> None:
     gguf.write_bytes(b"GGUF" + b"b" * 100)
     changed = source_fingerprint(describe_source(gguf))
     assert changed != first
-    assert converted_dir(tmp_path, describe_source(gguf)).name == f"m-{changed}"
+    assert converted_dir(tmp_path, describe_source(gguf)).name == f"m-{changed}-c2"
+
+
+def test_sampling_defaults_merge_into_generation_config(tmp_path: Path) -> None:
+    (tmp_path / "generation_config.json").write_text('{"bos_token_id": 1, "temperature": 1.0}')
+    write_sampling_defaults(tmp_path, SAMPLING_DEFAULTS["SmolLM2-135M-Instruct"])
+    config = json.loads((tmp_path / "generation_config.json").read_text())
+    assert config == {"bos_token_id": 1, "temperature": 0.2, "top_p": 0.9, "do_sample": True}
+    write_sampling_defaults(tmp_path / "x", {})  # nothing to write: no file made
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,344 @@
+"""KV-pool resets in quiet windows, led by one gateway replica at a time.
+
+Every replica runs ``ResetCoordinator.run``; each tick it tracks how long traffic across all
+replicas (gateway/shared/state.py's per-second counts) has stayed under the policy's
+``quiet.max_rps``. Only the holder of the Redis leader lock (gateway/shared/leader.py, with a
+fencing token) acts:
+
+1. it picks at most one tier (gateway/control/reset_schedule.py: window, quiet, interval, triggers,
+   never a tier whose class would be left with no ready tier, never two at once), or the tier
+   an operator asked for (``POST /admin/resets/{tier}``, queued for whichever replica leads);
+2. marks it ``draining`` in shared state: every replica's router sends its traffic down the
+   chain to sibling tiers (the marks expire after ``lock_ttl_seconds`` unless renewed, so a
+   leader that dies cannot keep a tier out);
+3. waits for the tier's in-flight requests (all replicas) to finish, at most
+   ``drain_timeout_seconds``; past that it gives up and puts the tier back;
+4. marks it ``resetting``, calls the backends' reset primitive (backends/client.py:
+   sleep/wake where supported, else dropping the prefix cache, verified by a probe), warms it
+   up, and puts it back in routing;
+5. records the outcome (history in shared state, ``gateway_kv_resets_total``, a span).
+
+While it works the lock and the marks are renewed; a leader that loses the lock stops. A new
+leader that finds an unfinished reset of an older token records it as ``abandoned`` (its marks
+have expired by then, so the tier is back in routing).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import anyio
+
+from backends.client import TierClient, TierClientError
+from backends.tier_state import TierState
+from gateway.control.reset_schedule import ResetDecision, TierResetState, choose_reset
+from gateway.control.ttft_drift import TtftDrift
+from gateway.runtime import Runtime
+from gateway.shared.leader import LeaderLock
+from gateway.shared.state import SharedRecords
+
+logger = logging.getLogger(__name__)
+
+MARKS, CURRENT, HISTORY, REQUESTS = "reset:marks", "reset:current", "reset:history", "reset:queue"
+RATE_WINDOW = 10.0  # seconds of traffic behind each quiet check
+_STATES = {state.value: state for state in TierState}  # a mark's JSON value -> its state
+
+
+@dataclass(frozen=True)
+class ResetRecord:
+    """One reset, as /admin/resets shows it."""
+
+    tier: str
+    started_at: float  # epoch seconds
+    seconds: float
+    outcome: str  # ok | unverified | failed | gave_up | lost_lock | abandoned
+    detail: str
+    reason: str
+    leader: str
+    token: int
+    preemptions: float = 0.0  # the tier's preemption counter at the reset (for triggers)
+
+
+class ResetCoordinator:
+    """See the module docstring. ``clock`` gives epoch seconds (tests inject it)."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        lock: LeaderLock,
+        *,
+        clock: Callable[[], float] = time.time,
+        tick: float = 1.0,
+        tier_client: Callable[[str], TierClient] | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.lock = lock
+        self.records = SharedRecords(runtime.shared)
+        self.clock = clock
+        self.tick_seconds = tick
+        self._tier_client = tier_client or self._default_client
+        self.quiet_since: float | None = None
+        self.last_decision: ResetDecision | None = None
+        self.ttft = TtftDrift()
+        # One client per tier for the coordinator's life: what it learns once (whether sleep
+        # mode exists, from /server_info) is not asked again at every reset.
+        self._clients: dict[str, TierClient] = {}
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self) -> None:
+        """Tick until cancelled; a failing tick is logged and the loop goes on."""
+        while True:
+            try:
+                await self.tick()
+            except Exception:  # one bad tick must not stop resets for good
+                logger.exception("reset coordinator tick failed")
+            await anyio.sleep(self.tick_seconds)
+
+    async def tick(self) -> ResetDecision | None:
+        """One look: track quiet, and if this replica leads, maybe reset one tier."""
+        policy = self.runtime.policies.active.policy
+        quiet_for = await self._track_quiet(
+            policy.resets.quiet.max_rps if policy.resets.quiet else 0
+        )
+        queued = await self._next_request()
+        unfinished = await self.records.get(CURRENT)  # a leader may have died mid-reset
+        if not policy.resets.enabled and queued is None and unfinished is None:
+            return None
+        token = await self.lock.acquire()
+        if token is None:
+            if queued is not None:  # not ours to do: put it back for the leader
+                await self.records.push(REQUESTS, queued)
+            return None
+        await self._close_abandoned(token)
+        states = await self._tier_states()
+        decision = choose_reset(self.clock(), policy, states, quiet_for, force=queued)
+        self.last_decision = decision
+        if decision.tier is not None:
+            await self.reset(decision.tier, decision.reason, token)
+        return decision
+
+    async def request(self, tier: str) -> None:
+        """Queue an operator's "reset now" for whichever replica leads."""
+        await self.records.push(REQUESTS, tier)
+
+    # ------------------------------------------------------------------ one reset
+
+    async def reset(self, tier: str, reason: str, token: int) -> ResetRecord:
+        """Drain, reset, verify and warm up ``tier``; always puts it back in routing."""
+        runtime, started, t0 = self.runtime, self.clock(), time.monotonic()
+        resets = runtime.policies.active.policy.resets
+        span = runtime.tracer.start_span(
+            "gateway.reset", attributes={"gateway.reset.tier": tier, "gateway.reset.token": token}
+        )
+        preemptions = self._preemptions(tier)
+        current = {"tier": tier, "token": token, "started_at": started, "leader": self._holder()}
+        await self.records.put(CURRENT, json.dumps(current), ttl=10 * resets.lock_ttl_seconds)
+        outcome, detail = "lost_lock", "leadership lost during the reset"
+        try:
+            async with anyio.create_task_group() as group:
+
+                async def work() -> None:
+                    nonlocal outcome, detail
+                    outcome, detail = await self._drain_and_reset(tier, token)
+                    group.cancel_scope.cancel()
+
+                group.start_soon(self._keep_leading, tier, token, group.cancel_scope.cancel)
+                group.start_soon(work)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._mark(tier, None, token)
+                await self.records.put(CURRENT, None, ttl=1)
+                seconds = time.monotonic() - t0
+                record = ResetRecord(
+                    tier,
+                    started,
+                    seconds,
+                    outcome,
+                    detail,
+                    reason,
+                    self._holder(),
+                    token,
+                    preemptions,
+                )
+                await self.records.push(HISTORY, json.dumps(asdict(record)))
+                runtime.metrics.reset(tier, outcome, seconds)
+                span.set_attributes(
+                    {"gateway.reset.outcome": outcome, "gateway.reset.detail": detail}
+                )
+                span.end()
+        log = logger.info if outcome == "ok" else logger.warning
+        log("reset of tier %s: %s in %.1f s (%s)", tier, outcome, seconds, detail)
+        return record
+
+    async def _drain_and_reset(self, tier: str, token: int) -> tuple[str, str]:
+        resets = self.runtime.policies.active.policy.resets
+        await self._mark(tier, TierState.DRAINING, token)
+        # Other replicas pick the mark up with their next scrape; until then they may still
+        # send the tier a request, which the in-flight count below then waits for.
+        await anyio.sleep(self.runtime.config.metrics_interval)
+        deadline = time.monotonic() + resets.drain_timeout_seconds
+        while (busy := (await self.runtime.shared.in_flight()).get(tier, 0)) > 0:
+            if time.monotonic() > deadline:
+                return "gave_up", f"{busy} request(s) still running after the drain timeout"
+            await anyio.sleep(0.2)
+        await self._mark(tier, TierState.RESETTING, token)
+        client = self._tier_client(tier)
+        try:
+            result = await client.reset_kv_pool(verify=True)
+            await client.warm_up(self.runtime.config.model_name, requests=1)
+        except TierClientError as exc:
+            return "failed", str(exc)
+        outcome = "ok" if result.verified else "unverified"
+        self.ttft.reset_done(tier, self.clock(), self._ttft_buckets(tier))
+        return outcome, result.detail
+
+    async def _keep_leading(self, tier: str, token: int, stop: Callable[[], None]) -> None:
+        """Renew the lock and the tier's mark; stop the reset when leadership is lost."""
+        ttl = self.runtime.policies.active.policy.resets.lock_ttl_seconds
+        while True:
+            await anyio.sleep(ttl / 3)
+            if not await self.lock.renew():
+                stop()
+                return
+            marks = await self._marks()
+            if tier in marks:
+                await self._mark(tier, marks[tier], token)
+
+    # ------------------------------------------------------------------ shared marks
+
+    async def _mark(self, tier: str, state: TierState | None, token: int) -> None:
+        """Publish ``tier``'s state to every replica (``None``: back to normal)."""
+        ttl = self.runtime.policies.active.policy.resets.lock_ttl_seconds
+        value = None if state is None else json.dumps({tier: state, "token": token})
+        await self.records.put(MARKS, value, ttl=ttl)
+        self.runtime.board.set_state(tier, state)
+
+    async def _marks(self) -> dict[str, TierState]:
+        return parse_marks(await self.records.get(MARKS))
+
+    async def _close_abandoned(self, token: int) -> None:
+        raw = await self.records.get(CURRENT)
+        if raw is None:
+            return
+        current = json.loads(raw)
+        if int(current.get("token", token)) >= token:
+            return  # our own, or not older
+        record = ResetRecord(
+            str(current.get("tier")),
+            float(current.get("started_at", 0.0)),
+            0.0,
+            "abandoned",
+            f"leader {current.get('leader')} (token {current.get('token')}) stopped mid-reset",
+            "",
+            self._holder(),
+            int(current.get("token", 0)),
+        )
+        await self.records.push(HISTORY, json.dumps(asdict(record)))
+        await self.records.put(CURRENT, None, ttl=1)
+        await self.records.put(MARKS, None, ttl=1)
+        self.runtime.metrics.reset(record.tier, "abandoned", 0.0)
+        logger.warning("reset of tier %s was abandoned by its leader", record.tier)
+
+    # ------------------------------------------------------------------ inputs
+
+    async def _track_quiet(self, max_rps: float) -> float:
+        now = self.clock()
+        rps = await self.runtime.shared.request_rate(RATE_WINDOW)
+        if rps < max_rps:
+            self.quiet_since = now if self.quiet_since is None else self.quiet_since
+        else:
+            self.quiet_since = None
+        return 0.0 if self.quiet_since is None else now - self.quiet_since
+
+    async def _next_request(self) -> str | None:
+        queued = await self.records.pop(REQUESTS)
+        return queued if queued in self.runtime.board.tiers else None
+
+    async def _tier_states(self) -> list[TierResetState]:
+        history = await self.history()
+        out = []
+        now = self.clock()
+        for name, status in self.runtime.board.statuses().items():
+            self.ttft.observe(name, now, self._ttft_buckets(name))
+            last = next((r for r in history if r.tier == name and r.outcome == "ok"), None)
+            out.append(
+                TierResetState(
+                    name=name,
+                    state=status.state,
+                    last_reset_at=last.started_at if last else None,
+                    preemptions=self._preemptions(name),
+                    preemptions_at_last_reset=last.preemptions if last else 0.0,
+                    ttft_p90_ms=self.ttft.recent_p90_ms(name),
+                    ttft_baseline_p90_ms=self.ttft.baseline_p90_ms(name),
+                    classes=status.classes,
+                )
+            )
+        return out
+
+    async def describe(self) -> dict[str, object]:
+        """For ``GET /admin/resets``: the schedule, the leader, the current reset, the history."""
+        resets = self.runtime.policies.active.policy.resets
+        holder, token = await self.lock.current()
+        current = await self.records.get(CURRENT)
+        since = self.quiet_since
+        return {
+            "schedule": resets.model_dump(mode="json"),
+            "leader": {"holder": holder, "token": token, "this_replica": self.lock.holder},
+            "quiet_for_seconds": None if since is None else self.clock() - since,
+            "last_decision": self.last_decision.reason if self.last_decision else None,
+            "current": json.loads(current) if current else None,
+            "history": [asdict(record) for record in await self.history()],
+        }
+
+    async def history(self, count: int = 50) -> list[ResetRecord]:
+        """Newest first."""
+        return [
+            ResetRecord(**json.loads(item)) for item in await self.records.items(HISTORY, count)
+        ]
+
+    def _ttft_buckets(self, tier: str) -> tuple[tuple[float, float], ...]:
+        metrics = self.runtime.board.metrics(tier)
+        return metrics.ttft_buckets if metrics is not None else ()
+
+    def _preemptions(self, tier: str) -> float:
+        metrics = self.runtime.board.metrics(tier)
+        return metrics.preemptions if metrics is not None else 0.0
+
+    def _holder(self) -> str:
+        return self.lock.holder
+
+    def _default_client(self, tier: str) -> TierClient:
+        if tier not in self._clients:
+            endpoint = self.runtime.board.tiers[tier]
+            model = self.runtime.config.model_name
+            client = TierClient(endpoint.base_url, self.runtime.upstream.client, model=model)
+            self._clients[tier] = client
+        return self._clients[tier]
+
+
+def parse_marks(raw: str | None) -> dict[str, TierState]:
+    """``{tier: state}`` from the shared marks value (the fencing token, and any value that
+    is not a tier state, dropped)."""
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return {
+        k: _STATES[v]
+        for k, v in value.items()
+        if k != "token" and isinstance(v, str) and v in _STATES
+    }
+
+
+async def apply_shared_marks(runtime: Runtime, records: SharedRecords) -> None:
+    """Make this replica's board follow the leader's marks (called after each scrape)."""
+    marks = parse_marks(await records.get(MARKS))
+    for name in runtime.board.tiers:
+        runtime.board.set_state(name, marks.get(name))

@@ -1,0 +1,501 @@
+"""The routing policy (``policies/routing.yaml``): schema, loading and one-line errors.
+
+Schema in code (pydantic v2, unknown fields rejected everywhere), data in the YAML. Every problem
+is a ``PolicyError`` whose text is one line, ``<file>:<line>: <dotted.field>: <message>``
+(common/operator_yaml.py reads, parses and validates, as for the deployment spec and the recipe).
+
+Sections:
+- ``tiers``: the tier names this policy may route to (e.g. fp16, int8, int4). Every tier named
+  elsewhere must be one of them, so a typo in a route is an error, not a silently dead route.
+  Given ``known_tiers`` (the gateway's), ``parse_policy`` also refuses a tier not among them.
+- ``classes``: the classifier's rules (gateway/classify.py): ``long`` by prompt tokens, ``code``
+  and ``math`` by weighted signals against a threshold; ``tolerant`` is everything else.
+- ``routes``: per class, the tiers to try: an ordered chain, or ``most_free_kv`` over a list.
+- ``saturation``: when a tier counts as saturated (skipped) from its scraped metrics.
+- ``limits``: prompt and completion token limits and what to do when a request exceeds them.
+- ``pinning``: whether a request header may pin a tier.
+- ``resets``: when the gateway may drain a tier and reset its KV pool (time-of-day windows, a
+  quiet-traffic condition, the least interval between two resets, drift triggers); the
+  decision itself is gateway/reset_schedule.py. Window and quiet requirements are checked only
+  when ``enabled`` (an operator's forced reset needs neither).
+- ``shadow``: the share of answers from cheaper tiers compared off the response path with the
+  reference tier's (gateway/shadow.py); its tiers are checked only when ``fraction`` > 0.
+"""
+
+from __future__ import annotations
+
+import re
+import zoneinfo
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Field, field_validator, model_validator
+
+from common.operator_yaml import (
+    OperatorYamlError,
+    Section,
+    compose_yaml,
+    located,
+    read_text,
+    validate,
+)
+
+ClassName = Literal["tolerant", "code", "math", "long"]
+CLASS_NAMES: tuple[ClassName, ...] = ("tolerant", "code", "math", "long")
+Strategy = Literal["ordered", "most_free_kv"]
+ResetWhen = Literal["window_and_quiet", "window_or_quiet", "window", "quiet"]
+Loc = tuple[str | int, ...]
+PositiveInt = Annotated[int, Field(strict=True, gt=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_HHMM = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])")
+
+
+class PolicyError(OperatorYamlError):
+    """A routing policy that cannot be used; ``str()`` is one line naming file, line and field."""
+
+
+def _check_name(value: str, what: str) -> str:
+    if not _NAME.fullmatch(value):
+        raise ValueError(f"{what} {value!r} must be letters, digits, '_', '.' or '-'")
+    return value
+
+
+# --------------------------------------------------------------------------- classes
+
+
+class Pattern(Section):
+    """A named regular expression; each pattern that matches adds its ``weight`` once.
+
+    Python ``re`` syntax; flags inline, e.g. ``(?m)`` for ``^``/``$`` at line ends, ``(?i)`` to
+    ignore case. The name appears in the classification reason.
+    """
+
+    name: str
+    regex: str = Field(min_length=1)
+    weight: PositiveFloat = 1.0
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _check_name(value, "pattern name")
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"bad regular expression {value!r}: {exc}") from None
+        return value
+
+
+def _keywords(value: list[str]) -> list[str]:
+    out: list[str] = []
+    for keyword in value:
+        if not keyword.strip():
+            raise ValueError("empty keyword")
+        folded = " ".join(keyword.split()).lower()
+        if folded in out:
+            raise ValueError(f"keyword {keyword!r} is listed twice")
+        out.append(folded)
+    return out
+
+
+def _one_word_keywords(value: list[str]) -> list[str]:
+    words = _keywords(value)
+    for word in words:
+        if " " in word:
+            raise ValueError(f"{word!r}: give single words here")
+    return words
+
+
+class TaskRule(Section):
+    """A request for work: one of ``verbs`` followed within ``window`` words by one of
+    ``objects`` ("write a Python function", "implement a binary search"). Adds ``weight`` once."""
+
+    verbs: list[str] = Field(min_length=1)
+    objects: list[str] = Field(min_length=1)
+    window: PositiveInt = 4
+    weight: PositiveFloat = 2.0
+
+    @field_validator("verbs", "objects")
+    @classmethod
+    def _words(cls, value: list[str]) -> list[str]:
+        return _one_word_keywords(value)
+
+
+class LongRule(Section):
+    """``long``: the prompt (chat template applied) has at least ``min_tokens`` tokens."""
+
+    min_tokens: PositiveInt = 1024
+
+
+class CodeRule(Section):
+    """``code``: score = fence_weight if a fenced block (```/~~~) is present
+    + keyword_weight per distinct keyword found + the task's weight when it is found
+    + each matching pattern's weight once."""
+
+    threshold: PositiveFloat = 2.0
+    fence_weight: NonNegativeFloat = 3.0
+    keywords: list[str] = Field(default_factory=list)
+    keyword_weight: NonNegativeFloat = 1.0
+    task: TaskRule | None = None
+    patterns: list[Pattern] = Field(default_factory=list)
+
+    @field_validator("keywords")
+    @classmethod
+    def _fold(cls, value: list[str]) -> list[str]:
+        return _keywords(value)
+
+
+class MathRule(Section):
+    """``math``: score = keyword_weight per distinct keyword + the task's weight when found
+    + each matching pattern's weight once + number_weight when the text has at least
+    ``min_numbers`` numbers and at least ``number_density`` numbers per word."""
+
+    threshold: PositiveFloat = 2.0
+    keywords: list[str] = Field(default_factory=list)
+    keyword_weight: NonNegativeFloat = 1.0
+    task: TaskRule | None = None
+    patterns: list[Pattern] = Field(default_factory=list)
+    number_density: float = Field(default=0.1, gt=0, le=1)
+    min_numbers: PositiveInt = 2
+    number_weight: NonNegativeFloat = 1.0
+
+    @field_validator("keywords")
+    @classmethod
+    def _fold(cls, value: list[str]) -> list[str]:
+        return _keywords(value)
+
+
+class ClassesPolicy(Section):
+    """The classifier's rules. ``tolerant`` has none: it is what nothing else claims."""
+
+    long: LongRule = Field(default_factory=LongRule)
+    code: CodeRule = Field(default_factory=CodeRule)
+    math: MathRule = Field(default_factory=MathRule)
+
+
+# --------------------------------------------------------------------------- routes
+
+
+class DeriveGoal(Section):
+    """What a class needs, for a chain derived from measurements (gateway/policy/derive.py):
+    the lowest agreement with the reference tier a tier may have, and the cost to minimise."""
+
+    floor: float = Field(ge=0, le=1)
+    minimise: Literal["latency", "throughput"] = "latency"
+    answer_tokens: PositiveInt = 128  # the answer length a latency cost assumes
+    min_gain: float = Field(default=0.05, ge=0, lt=1)
+
+
+class Route(Section):
+    """Tiers for one class. A bare list in the YAML means ``strategy: ordered``. With
+    ``derive``, the gateway orders (and filters) ``tiers`` from the tiers' measured quality and
+    speed when it has them; without measurements the route is used as written."""
+
+    strategy: Strategy = "ordered"
+    tiers: list[str] = Field(min_length=1)
+    derive: DeriveGoal | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_list(cls, value: object) -> object:
+        return {"tiers": value} if isinstance(value, list) else value
+
+    @field_validator("tiers")
+    @classmethod
+    def _unique(cls, tiers: list[str]) -> list[str]:
+        for i, name in enumerate(tiers):
+            if name in tiers[:i]:
+                raise ValueError(f"tier {name} is listed twice")
+        return tiers
+
+
+class RoutesPolicy(Section):
+    tolerant: Route
+    code: Route
+    math: Route
+    long: Route
+
+    def for_class(self, cls: str) -> Route | None:
+        """The route of class ``cls`` (``None`` for a name that is not a class)."""
+        return getattr(self, cls, None) if cls in CLASS_NAMES else None
+
+
+# --------------------------------------------------------------------------- the rest
+
+
+class SaturationPolicy(Section):
+    """A tier is saturated (skipped) when a scraped value is ABOVE its threshold."""
+
+    max_requests_waiting: NonNegativeFloat = 4.0
+    max_kv_usage: float = Field(default=0.9, ge=0, le=1)
+
+
+class LimitsPolicy(Section):
+    """Token limits; see policies/routing.yaml for the meaning of each field."""
+
+    max_input_tokens: PositiveInt | None = None
+    on_input_too_long: Literal["reject", "route_long"] = "reject"
+    tier_max_input_tokens: dict[str, PositiveInt] = Field(default_factory=dict)
+    max_output_tokens: PositiveInt | None = None
+    on_max_tokens_too_large: Literal["clamp", "reject"] = "clamp"
+
+    def tier_input_cap(self, tier: str | None) -> int | None:
+        """The per-tier prompt cap of ``tier`` (``None``: none set)."""
+        return self.tier_max_input_tokens.get(tier) if tier is not None else None
+
+
+class TimeoutsPolicy(Section):
+    """How long a tier may take before the chain moves on (see policies/routing.yaml)."""
+
+    first_byte_seconds: PositiveFloat = 120.0
+
+
+class PinningPolicy(Section):
+    """Whether a request may choose its tier with a header (an operator's tool)."""
+
+    allow: bool = False
+    header: str = "x-route-tier"
+
+    @field_validator("header")
+    @classmethod
+    def _header(cls, value: str) -> str:
+        return _check_name(value, "header").lower()
+
+
+# --------------------------------------------------------------------------- resets
+
+
+class ResetWindow(Section):
+    """A time-of-day window, ``start`` inclusive to ``end`` exclusive, on the wall clock of
+    ``timezone`` (an IANA name). ``end`` before ``start`` crosses midnight (23:00-02:00)."""
+
+    start: str
+    end: str
+    timezone: str = "UTC"
+
+    @field_validator("start", "end", mode="before")
+    @classmethod
+    def _hhmm(cls, value: object) -> object:
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 24 * 60:
+            # YAML 1.1 reads an unquoted 23:00 as the base-60 number 1380
+            shown = f"{value // 60:02d}:{value % 60:02d}"
+            raise ValueError(f'write "{shown}" in quotes (unquoted, YAML reads it as {value})')
+        if not isinstance(value, str) or not _HHMM.fullmatch(value):
+            raise ValueError(f'{value!r} is not a time of day "HH:MM" (00:00 to 23:59)')
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        try:
+            zoneinfo.ZoneInfo(value)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+            raise ValueError(
+                f"unknown time zone {value!r} (an IANA name such as UTC or Europe/Paris)"
+            ) from None
+        return value
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> ResetWindow:
+        if self.start == self.end:
+            raise ValueError(f"start and end are both {self.start}: the window is empty")
+        return self
+
+    @property
+    def zone(self) -> zoneinfo.ZoneInfo:
+        return zoneinfo.ZoneInfo(self.timezone)  # zoneinfo caches one instance per name
+
+    @property
+    def start_minute(self) -> int:
+        return _minute_of_day(self.start)
+
+    @property
+    def end_minute(self) -> int:
+        return _minute_of_day(self.end)
+
+    def describe(self) -> str:
+        return f"{self.start}-{self.end} {self.timezone}"
+
+
+def _minute_of_day(hhmm: str) -> int:
+    hours, minutes = hhmm.split(":")
+    return int(hours) * 60 + int(minutes)
+
+
+class QuietCondition(Section):
+    """Traffic across all replicas below ``max_rps`` requests/s for at least ``for_seconds``."""
+
+    max_rps: PositiveFloat = 0.5
+    for_seconds: PositiveFloat = 120.0
+
+
+class ResetTriggers(Section):
+    """Drift that makes a tier due before ``min_interval_seconds`` (``None``: trigger off)."""
+
+    preemptions_growth: PositiveFloat | None = None  # vllm:num_preemptions_total growth
+    ttft_p90_factor: float | None = Field(default=None, gt=1)  # TTFT p90 > factor x baseline
+
+
+class ResetsPolicy(Section):
+    """KV-pool resets in low-traffic windows; see policies/routing.yaml for each field."""
+
+    enabled: bool = False
+    windows: list[ResetWindow] = Field(default_factory=list)
+    quiet: QuietCondition | None = None
+    when: ResetWhen = "window_and_quiet"
+    min_interval_seconds: PositiveFloat = 21600.0
+    drain_timeout_seconds: PositiveFloat = 60.0
+    triggers: ResetTriggers = Field(default_factory=ResetTriggers)
+    lock_ttl_seconds: PositiveFloat = 30.0
+
+    @property
+    def needs_window(self) -> bool:
+        return self.when != "quiet"
+
+    @property
+    def needs_quiet(self) -> bool:
+        return self.when != "window"
+
+
+# --------------------------------------------------------------------------- shadow
+
+
+class ShadowPolicy(Section):
+    """Shadow sampling; see policies/routing.yaml for each field."""
+
+    fraction: float = Field(default=0.0, ge=0, le=1)
+    tiers: list[str] = Field(default_factory=lambda: ["int4", "int8"])
+    reference: str = "fp16"
+    max_concurrent: PositiveInt = 2
+    max_gateway_load: float = Field(default=0.5, gt=0, le=1)
+    deviation_threshold: float = Field(default=0.9, ge=0, le=1)
+    max_tokens: PositiveInt = 64
+    timeout_seconds: PositiveFloat = 60.0
+
+
+class RoutingPolicy(Section):
+    """The whole file."""
+
+    tiers: list[str] = Field(min_length=1)
+    classes: ClassesPolicy = Field(default_factory=ClassesPolicy)
+    routes: RoutesPolicy
+    saturation: SaturationPolicy = Field(default_factory=SaturationPolicy)
+    limits: LimitsPolicy = Field(default_factory=LimitsPolicy)
+    pinning: PinningPolicy = Field(default_factory=PinningPolicy)
+    timeouts: TimeoutsPolicy = Field(default_factory=TimeoutsPolicy)
+    resets: ResetsPolicy = Field(default_factory=ResetsPolicy)
+    shadow: ShadowPolicy = Field(default_factory=ShadowPolicy)
+
+    @field_validator("tiers")
+    @classmethod
+    def _tier_names(cls, tiers: list[str]) -> list[str]:
+        for i, name in enumerate(tiers):
+            _check_name(name, "tier name")
+            if name in tiers[:i]:
+                raise ValueError(f"tier {name} is listed twice")
+        return tiers
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_policy(path: str | Path) -> RoutingPolicy:
+    """Read and validate a policy file; ``PolicyError`` (one line) on any problem."""
+    path = Path(path)
+    return parse_policy(read_text(path, "routing policy", PolicyError), str(path))
+
+
+def parse_policy(
+    text: str, source: str = "<policy>", known_tiers: Sequence[str] | None = None
+) -> RoutingPolicy:
+    """Validate policy YAML ``text``; ``source`` is the file named in errors.
+
+    ``known_tiers``: the tiers that exist (the gateway's, or a deployment spec's); every name in
+    ``tiers`` must be one of them. ``None`` skips that check (the policy alone is validated).
+    """
+    root, data = compose_yaml(text, source, PolicyError)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyError(f"{source}:1: (top level): must be a mapping of sections")
+    policy = validate(
+        RoutingPolicy, data, root, source, PolicyError, yaml_loc=lambda loc: _yaml_loc(data, loc)
+    )
+    for loc, message in _problems(policy):
+        raise _error(root, data, source, loc, message)
+    for loc, message in _unknown_tiers(policy, known_tiers):
+        raise _error(root, data, source, loc, message)
+    return policy
+
+
+def _problems(policy: RoutingPolicy) -> Iterator[tuple[Loc, str]]:
+    """Checks across sections: every tier named must be declared in ``tiers``."""
+    known = set(policy.tiers)
+    declared = ", ".join(policy.tiers)
+    for cls in CLASS_NAMES:
+        route = getattr(policy.routes, cls)
+        for i, name in enumerate(route.tiers):
+            if name not in known:
+                yield ("routes", cls, "tiers", i), f"unknown tier {name} (tiers: {declared})"
+    for name in policy.limits.tier_max_input_tokens:
+        if name not in known:
+            loc: Loc = ("limits", "tier_max_input_tokens", name)
+            yield loc, f"unknown tier {name} (tiers: {declared})"
+    yield from _reset_problems(policy.resets)
+    yield from _shadow_problems(policy.shadow, policy.tiers)
+
+
+def _shadow_problems(shadow: ShadowPolicy, tiers: Sequence[str]) -> Iterator[tuple[Loc, str]]:
+    """A sampling ``shadow`` compares declared tiers with another declared tier."""
+    if shadow.fraction <= 0:
+        return
+    declared = ", ".join(tiers)
+    for i, name in enumerate(shadow.tiers):
+        if name not in tiers:
+            yield ("shadow", "tiers", i), f"unknown tier {name} (tiers: {declared})"
+        elif name == shadow.reference:
+            yield ("shadow", "tiers", i), f"{name} is the reference tier"
+    if shadow.reference not in tiers:
+        yield ("shadow", "reference"), f"unknown tier {shadow.reference} (tiers: {declared})"
+
+
+def _reset_problems(resets: ResetsPolicy) -> Iterator[tuple[Loc, str]]:
+    """An enabled ``resets`` must have what its ``when`` needs (disabled: not checked)."""
+    if not resets.enabled:
+        return
+    if resets.needs_window and not resets.windows:
+        yield ("resets", "windows"), f"give at least one window (when: {resets.when})"
+    if resets.needs_quiet and resets.quiet is None:
+        yield ("resets", "quiet"), f"required by when: {resets.when}"
+
+
+def _unknown_tiers(policy: RoutingPolicy, known: Sequence[str] | None) -> Iterator[tuple[Loc, str]]:
+    """Tiers the policy declares that do not exist (``known`` is ``None``: not checked)."""
+    if known is None:
+        return
+    have = ", ".join(known) or "no tiers"
+    for i, name in enumerate(policy.tiers):
+        if name not in known:
+            yield ("tiers", i), f"unknown tier {name} (the gateway has {have})"
+
+
+def _yaml_loc(data: Mapping[str, Any], loc: Loc) -> Loc:
+    """``routes.X.tiers[i]`` is ``routes.X[i]`` in the file when the route is a bare list."""
+    if len(loc) >= 3 and loc[0] == "routes" and loc[2] == "tiers":
+        routes = data.get("routes")
+        if isinstance(routes, dict) and isinstance(routes.get(loc[1]), list):
+            return (*loc[:2], *loc[3:])
+    return loc
+
+
+def _error(
+    root: yaml.Node | None, data: Mapping[str, Any], source: str, loc: Loc, message: str
+) -> PolicyError:
+    return located(PolicyError, source, root, _yaml_loc(data, loc), message)

@@ -1,0 +1,238 @@
+"""The routing policy the gateway serves, and its hot reload: a bad edit never replaces a good one.
+
+``PolicyStore(path, known_tiers)`` owns one policy file:
+
+- ``load()`` reads it the first time; a bad policy raises ``PolicyError`` (one line,
+  ``file:line: field: message``) and the gateway refuses to start.
+- ``reload()`` reads it again and returns what happened:
+  ``"applied"``: the new policy is validated and compiled in full, then swapped in with one
+  assignment (a request sees the old policy or the new one, never half of each); ``last_error``
+  is cleared; one info line names the new digest.
+  ``"rejected"``: the file is unreadable, missing, empty, not YAML, fails the schema or names a
+  tier the gateway does not have; the last good policy keeps serving, ``last_error`` and
+  ``last_error_at`` say why and when, one warning line names the file and the problem.
+  ``"unchanged"``: the bytes are those being served; nothing to do, except that an error left
+  by a bad edit is cleared (the file on disk is again what serves).
+- ``watch()`` watches the file's parent directory (editors and ConfigMap updates replace files
+  by rename or symlink swap, which a watch on the file itself would lose) and reloads after
+  each change to the file, debounced; it ends when ``stop_event`` is set or it is cancelled.
+- ``status()`` is what ``GET /admin/policy`` shows.
+
+``known_tiers`` is checked by ``gateway.policy.schema.parse_policy``, the code path of
+``model-optimizer policy check`` too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from watchfiles import Change, awatch
+
+from gateway.policy.derive import DerivedChain, TierFigures, derive_routes
+from gateway.policy.schema import PolicyError, RoutingPolicy, parse_policy
+from gateway.request.classify import CompiledClasses
+
+Outcome = Literal["applied", "rejected", "unchanged"]
+# Kubernetes' AtomicWriter updates a mounted ConfigMap by swapping this symlink; the policy
+# file itself (a symlink through it) shows no event of its own.
+_CONFIGMAP_LINK = "..data"
+# awatch waits for changes in a worker thread that anyio cancellation cannot interrupt; the
+# thread returns at least this often (awatch's default is 5 s), so a watch() cancelled by a
+# task group ends within about this long. A set stop_event is seen within 50 ms anyway.
+_WAKE_MS = 200
+
+logger = logging.getLogger(__name__)
+
+
+class StopEvent(Protocol):
+    """What ``watch`` needs of a stop event (``asyncio.Event``, ``anyio.Event``, ...)."""
+
+    def is_set(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class ActivePolicy:
+    """A validated policy, its compiled classifier rules and where it came from."""
+
+    policy: RoutingPolicy
+    rules: CompiledClasses
+    digest: str  # sha256 hex of the file's bytes
+    loaded_at: float  # the store's clock() when it was applied
+    source: str  # the file's path
+    # Routes derived from measurements (gateway/policy/derive.py); ``policy`` already holds
+    # the derived chains, these say why.
+    derived: Mapping[str, DerivedChain] = field(default_factory=dict)
+
+
+class PolicyStore:
+    """The serving routing policy of one file; see the module docstring."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        known_tiers: Sequence[str] | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        measured: Mapping[str, TierFigures] | None = None,
+        reference: str | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.measured = dict(measured or {})
+        self.reference = reference
+        self.known_tiers = tuple(known_tiers) if known_tiers is not None else None
+        self._clock = clock
+        self._active: ActivePolicy | None = None
+        self.last_error: str | None = None
+        self.last_error_at: float | None = None
+
+    @property
+    def active(self) -> ActivePolicy:
+        """The policy being served."""
+        if self._active is None:
+            raise RuntimeError(f"routing policy {self.path} is not loaded: call load() first")
+        return self._active
+
+    def load(self) -> ActivePolicy:
+        """Read, validate and apply the file; ``PolicyError`` (one line) when it is not usable."""
+        data = self._read()
+        self._apply(self._build(data, _digest(data)))
+        return self.active
+
+    def reload(self) -> Outcome:
+        """Read the file again: ``"applied"``, ``"rejected"`` or ``"unchanged"``."""
+        active = self.active
+        try:
+            data = self._read()
+            digest = _digest(data)
+            if digest == active.digest:
+                self._clear_error()
+                return "unchanged"
+            new = self._build(data, digest)
+        except PolicyError as exc:
+            self._reject(str(exc), active)
+            return "rejected"
+        self._apply(new)
+        return "applied"
+
+    async def watch(
+        self,
+        on_reload: Callable[[str], None] | None = None,
+        *,
+        debounce_ms: int = 200,
+        stop_event: StopEvent | None = None,
+    ) -> None:
+        """Reload after each change to the file until ``stop_event`` is set or cancelled.
+
+        ``on_reload`` gets each outcome; an exception from it is logged and the watch goes on.
+        """
+        directory = self.path.absolute().parent
+        names = {self.path.name, _CONFIGMAP_LINK}
+
+        def relevant(change: Change, path: str) -> bool:
+            return Path(path).name in names
+
+        async for _changes in awatch(
+            directory,
+            watch_filter=relevant,
+            debounce=debounce_ms,
+            stop_event=_Stop(stop_event),
+            rust_timeout=_WAKE_MS,
+            recursive=False,
+        ):
+            outcome = self.reload()
+            if on_reload is not None:
+                _notify(on_reload, outcome)
+
+    def status(self) -> dict[str, Any]:
+        """The serving policy and the last rejected edit, JSON-ready (``GET /admin/policy``)."""
+        active = self.active
+        return {
+            "path": str(self.path),
+            "digest": active.digest,
+            "loaded_at": _iso(active.loaded_at),
+            "last_error": self.last_error,
+            "last_error_at": _iso(self.last_error_at) if self.last_error_at is not None else None,
+            "policy": active.policy.model_dump(mode="json"),
+            "derived_routes": {
+                cls: {"chain": list(d.chain), "reasons": dict(d.reasons), "line": d.describe()}
+                for cls, d in active.derived.items()
+            },
+        }
+
+    # ----------------------------------------------------------------------- helpers
+
+    def _read(self) -> bytes:
+        try:
+            return self.path.read_bytes()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise PolicyError(f"{self.path}: cannot read routing policy: {reason}") from None
+
+    def _build(self, data: bytes, digest: str) -> ActivePolicy:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PolicyError(f"{self.path}: cannot read routing policy: {exc}") from None
+        policy = parse_policy(text, str(self.path), self.known_tiers)
+        rules = CompiledClasses.build(policy.classes)
+        policy, derived = derive_routes(policy, self.measured, self.reference)
+        return ActivePolicy(policy, rules, digest, self._clock(), str(self.path), derived)
+
+    def _apply(self, new: ActivePolicy) -> None:
+        self._active = new  # one assignment: the swap
+        self.last_error = self.last_error_at = None
+        logger.info("routing policy %s applied (sha256 %s)", self.path, new.digest[:12])
+
+    def _reject(self, message: str, serving: ActivePolicy) -> None:
+        repeated = message == self.last_error
+        self.last_error, self.last_error_at = message, self._clock()
+        if not repeated:
+            logger.warning(
+                "routing policy change rejected, still serving sha256 %s: %s",
+                serving.digest[:12],
+                message,
+            )
+
+    def _clear_error(self) -> None:
+        if self.last_error is not None:
+            logger.info("routing policy %s is back to the serving version", self.path)
+        self.last_error = self.last_error_at = None
+
+
+class _Stop:
+    """The stop event handed to awatch: set when the caller's is, or when awatch sets it on
+    cancellation (which must not set the caller's event, perhaps shared with others)."""
+
+    def __init__(self, outer: StopEvent | None) -> None:
+        self._outer = outer
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set or (self._outer is not None and self._outer.is_set())
+
+    def set(self) -> None:
+        self._set = True
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _iso(timestamp: float) -> str:
+    """ISO 8601 UTC, e.g. ``2025-01-31T12:00:00.000Z``."""
+    moment = datetime.fromtimestamp(timestamp, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _notify(on_reload: Callable[[str], None], outcome: str) -> None:
+    try:
+        on_reload(outcome)
+    except Exception:
+        logger.exception("routing policy on_reload callback failed")

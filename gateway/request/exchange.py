@@ -1,0 +1,234 @@
+"""One request's bookkeeping, from arrival to its last byte: spans, metrics and in-flight count.
+
+An ``Exchange`` is opened when a completion request is admitted and owns the request's spans:
+the ``gateway.request`` span it starts and the children it starts for it (``child``). It is
+finished once, in ``_finish``, when its answer is complete:
+
+- by leaving its ``async with`` block (the handler), with the outcome recorded there
+  (``set_outcome``) or the exception that left the block (``APIError``: its status and code;
+  anything else: 500 ``internal_error``);
+- or, once handed to a streamed answer (``hand_to_stream``), when that stream ends, however it
+  ends (``stream_ended``; the block then leaves it open unless an exception left it).
+
+Finishing records the Prometheus series (gateway/metrics.py), ends the children and then the
+request's span with its attributes (gateway/telemetry.py), releases the tier's in-flight slot
+in the shared state (gateway/shared/state.py) and calls ``on_finish`` (the admission slot).
+``SSECounter`` watches a relayed stream for the usage object vLLM sends when asked, and
+otherwise counts the events that carry choices (one token each in vLLM).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import anyio
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode, Tracer
+
+from gateway.errors import APIError
+from gateway.metrics import GatewayMetrics
+from gateway.shared.state import SharedState
+from gateway.telemetry import (
+    ATTR_CLASS,
+    ATTR_FALLBACKS,
+    ATTR_INPUT_TOKENS,
+    ATTR_OUTPUT_TOKENS,
+    ATTR_REASON,
+    ATTR_TIER,
+    ATTR_TTFT,
+)
+
+NONE = "none"
+REQUEST_SPAN = "gateway.request"
+
+
+class Exchange:
+    """Bookkeeping of one request (see the module docstring)."""
+
+    def __init__(
+        self,
+        tracer: Tracer,
+        metrics: GatewayMetrics,
+        shared: SharedState,
+        path: str,
+        *,
+        on_finish: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.metrics, self.shared, self.clock = metrics, shared, clock
+        self.span: Span = tracer.start_span(REQUEST_SPAN, attributes={"url.path": path})
+        self.started = clock()
+        self.cls, self.reason, self.tier = NONE, "", NONE
+        self.input_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self.ttft: float | None = None
+        self.fallbacks = 0
+        self.holds_slot = False
+        self.on_finish = on_finish
+        self.status: int = 500  # the outcome until one is recorded
+        self.error: str | None = "internal_error"
+        self.streamed = False  # handed to a streamed answer, which finishes it
+        self.finished = False
+        self._tracer = tracer
+        self._children: list[Span] = []  # ended before the request's span
+
+    async def __aenter__(self) -> Exchange:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if isinstance(exc, APIError):
+            self.set_outcome(exc.status, exc.code or "error")
+        elif exc is not None:
+            self.set_outcome(500, "internal_error")
+        if exc is not None or not self.streamed:  # a stream that will not run cannot finish it
+            await self._finish()
+
+    def child(self, name: str) -> Span:
+        """Start a child span of the request's; it ends, tagged with the tier, at the finish."""
+        span = self._tracer.start_span(name, context=trace.set_span_in_context(self.span))
+        self._children.append(span)
+        return span
+
+    async def acquire(self, tier: str) -> None:
+        """The request is now in flight on ``tier``."""
+        await self.release()
+        self.tier = tier
+        # Held before the await: begin() counts locally first, so a cancellation during its
+        # Redis write must still release the slot.
+        self.holds_slot = True
+        await self.shared.begin(tier)
+
+    async def release(self) -> None:
+        if self.holds_slot:
+            self.holds_slot = False
+            await self.shared.end(self.tier)
+
+    def fell_back(self, tier: str, reason: str) -> None:
+        self.fallbacks += 1
+        self.metrics.fallback(tier, reason)
+
+    def first_byte(self) -> None:
+        if self.ttft is None:
+            self.ttft = self.clock() - self.started
+
+    def set_outcome(self, status: int, error: str | None = None) -> None:
+        """What the finish records. ``error`` names why the gateway refused the request
+        (counted in ``gateway_rejections_total``); answers the tier gave, streams cut short and
+        clients that left are counted by status only."""
+        self.status, self.error = status, error
+
+    def hand_to_stream(self) -> None:
+        """A streamed answer now owns the exchange: ``stream_ended`` finishes it."""
+        self.streamed = True
+
+    async def stream_ended(self, status: int, output_tokens: int) -> None:
+        """The streamed answer is over (done, failed or the client left): finish."""
+        self.output_tokens = output_tokens
+        self.set_outcome(status)
+        await self._finish()
+
+    async def _finish(self) -> None:
+        """Record the outcome once; later calls do nothing."""
+        if self.finished:
+            return
+        self.finished = True
+        if self.on_finish is not None:
+            self.on_finish()
+        with anyio.CancelScope(shield=True):  # may run in a scope the client's leaving cancels
+            await self.release()
+        duration = self.clock() - self.started
+        self.metrics.observe_request(
+            self.cls,
+            self.tier,
+            str(self.status),
+            duration,
+            self.ttft,
+            self.input_tokens,
+            self.output_tokens,
+        )
+        if self.error is not None:
+            self.metrics.reject(self.error)
+        self._annotate(self.status, self.error)
+        for child in self._children:
+            child.set_attribute(ATTR_TIER, self.tier)
+            child.end()
+        self.span.end()
+
+    def _annotate(self, status: int, error: str | None) -> None:
+        attributes: dict[str, Any] = {
+            ATTR_CLASS: self.cls,
+            ATTR_TIER: self.tier,
+            ATTR_REASON: self.reason,
+            ATTR_FALLBACKS: self.fallbacks,
+            "http.response.status_code": status,
+        }
+        if self.input_tokens is not None:
+            attributes[ATTR_INPUT_TOKENS] = self.input_tokens
+        if self.output_tokens is not None:
+            attributes[ATTR_OUTPUT_TOKENS] = self.output_tokens
+        if self.ttft is not None:
+            attributes[ATTR_TTFT] = round(self.ttft * 1000, 3)
+        self.span.set_attributes(attributes)
+        if status >= 500:
+            self.span.set_status(Status(StatusCode.ERROR, error or f"HTTP {status}"))
+
+
+class SSECounter:
+    """Counts a relayed SSE answer's output tokens (usage when present, else choice events)."""
+
+    def __init__(self) -> None:
+        self._partial = b""
+        self.events = 0
+        self.usage_tokens: int | None = None
+        self.completed = False  # the tier's stream ended normally
+        self.failure: int | None = None  # status of the error that ended it early
+
+    @property
+    def status(self) -> int:
+        """The stream's outcome as an HTTP status: 200, the failure's, or 499 (client left)."""
+        return self.failure or (200 if self.completed else 499)
+
+    def feed(self, chunk: bytes) -> None:
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if line.startswith(b"data:") and b'"choices"' in line:
+                self._event(line[5:].strip())
+
+    def _event(self, data: bytes) -> None:
+        if b'"usage":{' in data.replace(b" ", b""):
+            try:
+                usage = json.loads(data).get("usage") or {}
+            except (ValueError, AttributeError):
+                usage = {}
+            if isinstance(usage.get("completion_tokens"), int):
+                self.usage_tokens = usage["completion_tokens"]
+        if b'"choices":[]' not in data.replace(b" ", b""):
+            self.events += 1
+
+    @property
+    def tokens(self) -> int:
+        """Usage's completion tokens if seen, else one per event but the final (empty) one."""
+        return self.usage_tokens if self.usage_tokens is not None else max(self.events - 1, 0)
+
+
+def usage_tokens(raw: bytes) -> tuple[int | None, int | None]:
+    """(prompt, completion) tokens from a whole JSON answer's ``usage``, when it has one."""
+    try:
+        usage = json.loads(raw).get("usage") or {}
+    except (ValueError, AttributeError):
+        return None, None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return (
+        prompt if isinstance(prompt, int) else None,
+        completion if isinstance(completion, int) else None,
+    )

@@ -1,0 +1,311 @@
+"""Length limits: count prompt tokens with the model's tokenizer, then decide what to do (pure).
+
+``TokenCounter`` wraps a ``tokenizers.Tokenizer`` loaded from the variant's ``tokenizer.json``
+(the only I/O here is loading it and the chat template). ``check_limits`` is a pure function of
+the counts, the tier's ``max_model_len`` and the policy's ``limits`` section.
+
+Counting chat messages applies the chat template approximately, without a Jinja engine (the
+gateway environment has none): each message's content is tokenized on its own and a fixed
+overhead is added per message, derived from the template's markers:
+
+- ChatML (``<|im_start|>``, SmolLM2, Qwen): ``<|im_start|>{role}\\n`` + ``<|im_end|>\\n``
+  around each message, ``<|im_start|>assistant\\n`` for the generation prompt, and the default
+  system message the template inserts when the first message is not a system one (found as
+  the literal ``<|im_start|>system\\n...<|im_end|>`` in the template);
+- Llama 3 (``<|start_header_id|>``): ``<|start_header_id|>{role}<|end_header_id|>\\n\\n`` +
+  ``<|eot_id|>`` per message, ``<|begin_of_text|>`` once;
+- anything else (or no template): the role's tokens + 3 per message, the assistant role's + 2
+  for the generation prompt, a guess in the spirit of OpenAI's "about 4 tokens a message".
+
+For ChatML templates this is exact when token merges do not cross a content boundary (a
+content starting or ending with whitespace may differ by a token or two); tool calls count
+their function names and arguments only, and a request's ``tools`` schemas are not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from tokenizers import Tokenizer
+
+from gateway.policy.schema import LimitsPolicy
+from gateway.request.classify import content_texts
+
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+INVALID_VALUE = "invalid_value"
+Action = Literal["ok", "reject", "route_long", "clamp"]
+_CHATML_SYSTEM = re.compile(r"<\|im_start\|>system\n(.*?)<\|im_end\|>", re.DOTALL)
+
+
+class TokenizerError(ValueError):
+    """A tokenizer or chat template that cannot be loaded; the message is one line."""
+
+
+# --------------------------------------------------------------------------- counting
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """Token overheads of one chat template (see the module docstring)."""
+
+    family: Literal["chatml", "llama3", "generic"]
+    role_overheads: Mapping[str, int]  # tokens around a message's content, per role
+    default_overhead: int  # for a role not in role_overheads
+    generation_prompt: int  # tokens that open the assistant's answer
+    default_system: int  # tokens of the system message added when none is given (0: none)
+    begin: int  # tokens once at the start (a BOS the template writes)
+
+    def overhead(self, role: str) -> int:
+        return self.role_overheads.get(role, self.default_overhead)
+
+
+class TokenCounter:
+    """Counts prompt tokens as the model's tokenizer does (chat template applied roughly)."""
+
+    def __init__(self, tokenizer: Tokenizer, chat_template: str | None = None) -> None:
+        self._tokenizer = tokenizer
+        self.chat_template = chat_template
+        self._formats: dict[str | None, ChatFormat] = {}
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The wrapped ``tokenizers.Tokenizer``."""
+        return self._tokenizer
+
+    @classmethod
+    def from_file(
+        cls, tokenizer_json: str | Path, chat_template: str | None = None
+    ) -> TokenCounter:
+        """Load ``tokenizer.json``; ``TokenizerError`` naming the file when it cannot be."""
+        path = Path(tokenizer_json)
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises plain Exception subclasses
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise TokenizerError(f"{path}: cannot load tokenizer: {reason}") from None
+        return cls(tokenizer, chat_template)
+
+    @classmethod
+    def from_model_dir(cls, folder: str | Path) -> TokenCounter:
+        """A model or variant folder: its ``tokenizer.json`` and chat template."""
+        folder = Path(folder)
+        return cls.from_file(folder / "tokenizer.json", read_chat_template(folder))
+
+    def count_text(self, text: str) -> int:
+        """Tokens of a completions prompt (special tokens added as the tokenizer says)."""
+        return len(self._tokenizer.encode(text, add_special_tokens=True).ids)
+
+    def count_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        chat_template: str | None = None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> int:
+        """Tokens of ``messages`` rendered by ``chat_template`` (default: the counter's)."""
+        chat = self.chat_format(chat_template if chat_template is not None else self.chat_template)
+        total = chat.begin
+        if not messages or messages[0].get("role") != "system":
+            total += chat.default_system
+        for message in messages:
+            role = message.get("role")
+            total += chat.overhead(role if isinstance(role, str) else "")
+            total += sum(self._count(piece) for piece in _message_texts(message))
+        return total + (chat.generation_prompt if add_generation_prompt else 0)
+
+    def chat_format(self, chat_template: str | None) -> ChatFormat:
+        """The overheads of ``chat_template``, derived once per template."""
+        chat = self._formats.get(chat_template)
+        if chat is None:
+            chat = derive_chat_format(chat_template, self._count)
+            self._formats[chat_template] = chat
+        return chat
+
+    def _count(self, text: str) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
+
+
+def _message_texts(message: Mapping[str, Any]) -> list[str]:
+    # Content parts are joined with newlines by vLLM; one token per join is close enough.
+    texts = content_texts(message.get("content"))
+    if len(texts) > 1:
+        texts = ["\n".join(texts)]
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        for call in calls:
+            function = call.get("function") if isinstance(call, Mapping) else None
+            if isinstance(function, Mapping):
+                texts += [v for k in ("name", "arguments") if isinstance(v := function.get(k), str)]
+    return texts
+
+
+def derive_chat_format(template: str | None, count: Any) -> ChatFormat:
+    """Overheads of ``template`` given ``count(text) -> tokens`` (see the module docstring)."""
+    roles = ("system", "user", "assistant", "tool")
+    text = (template or "").replace("\\n", "\n")
+    if "<|im_start|>" in text:
+
+        def chatml(role: str) -> int:
+            return int(count(f"<|im_start|>{role}\n") + count("<|im_end|>\n"))
+
+        found = _CHATML_SYSTEM.search(text)
+        system = chatml("system") + int(count(found.group(1))) if found else 0
+        return ChatFormat(
+            family="chatml",
+            role_overheads={role: chatml(role) for role in roles},
+            default_overhead=chatml("user"),
+            generation_prompt=int(count("<|im_start|>assistant\n")),
+            default_system=system,
+            begin=int(count("<|begin_of_text|>")) if "bos_token" in text else 0,
+        )
+    if "<|start_header_id|>" in text:
+
+        def llama3(role: str) -> int:
+            header = f"<|start_header_id|>{role}<|end_header_id|>\n\n"
+            return int(count(header) + count("<|eot_id|>"))
+
+        return ChatFormat(
+            family="llama3",
+            role_overheads={role: llama3(role) for role in roles},
+            default_overhead=llama3("user"),
+            generation_prompt=int(count("<|start_header_id|>assistant<|end_header_id|>\n\n")),
+            default_system=0,
+            begin=int(count("<|begin_of_text|>")),
+        )
+    return ChatFormat(
+        family="generic",
+        role_overheads={role: int(count(role)) + 3 for role in roles},
+        default_overhead=4,
+        generation_prompt=int(count("assistant")) + 2,
+        default_system=0,
+        begin=0,
+    )
+
+
+def read_chat_template(folder: str | Path) -> str | None:
+    """The chat template of a model folder: ``chat_template.jinja``, else the
+    ``chat_template`` of ``tokenizer_config.json`` (the ``default`` one of a list); ``None``."""
+    folder = Path(folder)
+    jinja = folder / "chat_template.jinja"
+    try:
+        if jinja.is_file():
+            return jinja.read_text(encoding="utf-8")
+        config_path = folder / "tokenizer_config.json"
+        if not config_path.is_file():
+            return None
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise TokenizerError(f"{folder}: cannot read the chat template: {exc}") from None
+    template = config.get("chat_template") if isinstance(config, dict) else None
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+# --------------------------------------------------------------------------- deciding
+
+
+@dataclass(frozen=True)
+class LimitDecision:
+    """What to do with a request on one tier.
+
+    ``ok``: send it with ``max_tokens``; ``clamp``: send it with the lowered ``max_tokens``;
+    ``route_long``: route it again with class ``long``; ``reject``: answer 400 with
+    ``error_code`` (``param`` names the offending field when it is ``max_tokens``; for the
+    prompt it is ``messages`` or ``prompt``, which the caller knows).
+    """
+
+    action: Action
+    max_tokens: int  # what to send (the room left when the client gave none); 0 on reject
+    error_code: str | None
+    message: str
+    param: str | None = None
+
+
+def check_limits(
+    input_tokens: int,
+    max_tokens: int | None,
+    tier_max_model_len: int,
+    policy: LimitsPolicy,
+    *,
+    tier: str | None = None,
+    long_route: bool = False,
+) -> LimitDecision:
+    """Check a prompt of ``input_tokens`` asking for ``max_tokens`` against a tier.
+
+    ``tier`` names the tier (for ``tier_max_input_tokens``); ``long_route`` says the request
+    already goes by the long route, where ``max_input_tokens`` no longer applies and
+    ``route_long`` is not offered again.
+    """
+    if max_tokens is not None and max_tokens < 1:
+        message = f"max_tokens must be at least 1, got {max_tokens}"
+        return LimitDecision("reject", 0, INVALID_VALUE, message, "max_tokens")
+    room = tier_max_model_len - input_tokens
+    cap = policy.tier_input_cap(tier)
+    if room < 1 or (cap is not None and input_tokens > cap):
+        if room < 1:
+            what = f"This model's maximum context length is {tier_max_model_len} tokens"
+        else:
+            what = f"This tier accepts at most {cap} prompt tokens"
+        return _too_long(input_tokens, what, policy, long_route)
+    if not long_route:
+        over = check_prompt(input_tokens, policy)
+        if over is not None:
+            return over
+
+    allowed = room if policy.max_output_tokens is None else min(room, policy.max_output_tokens)
+    if max_tokens is None:
+        return LimitDecision("ok", allowed, None, f"max_tokens not given: up to {allowed}")
+    if max_tokens <= allowed:
+        return LimitDecision("ok", max_tokens, None, f"max_tokens {max_tokens} <= {allowed}")
+    why = (
+        f"{input_tokens} prompt + {max_tokens} completion tokens > max_model_len "
+        f"{tier_max_model_len}"
+        if max_tokens > room
+        else f"max_output_tokens is {policy.max_output_tokens}"
+    )
+    if policy.on_max_tokens_too_large == "clamp":
+        return LimitDecision(
+            "clamp", allowed, None, f"max_tokens {max_tokens} lowered to {allowed} ({why})"
+        )
+    if max_tokens > room:
+        message = (
+            f"This model's maximum context length is {tier_max_model_len} tokens. However, you "
+            f"requested {input_tokens + max_tokens} tokens ({input_tokens} in the messages, "
+            f"{max_tokens} in the completion). Please reduce the length of the messages or "
+            "completion."
+        )
+        return LimitDecision("reject", 0, CONTEXT_LENGTH_EXCEEDED, message, "max_tokens")
+    message = (
+        f"max_tokens is too large: {max_tokens}. This model supports at most "
+        f"{allowed} completion tokens, whereas you provided {max_tokens}."
+    )
+    return LimitDecision("reject", 0, INVALID_VALUE, message, "max_tokens")
+
+
+def check_prompt(input_tokens: int, policy: LimitsPolicy) -> LimitDecision | None:
+    """The gateway-wide prompt limit (``max_input_tokens``), whatever the tier: ``None`` when
+    the prompt is within it, else a ``reject`` or ``route_long`` decision."""
+    limit = policy.max_input_tokens
+    if limit is None or input_tokens <= limit:
+        return None
+    return _too_long(input_tokens, f"This gateway accepts at most {limit} prompt tokens", policy)
+
+
+def _too_long(
+    input_tokens: int, what: str, policy: LimitsPolicy, long_route: bool = False
+) -> LimitDecision:
+    if not long_route and policy.on_input_too_long == "route_long":
+        message = f"{what}; {input_tokens} prompt tokens go by the long route"
+        return LimitDecision("route_long", 0, None, message)
+    message = (
+        f"{what}. However, your messages resulted in {input_tokens} tokens. Please reduce the "
+        "length of the messages."
+    )
+    return LimitDecision("reject", 0, CONTEXT_LENGTH_EXCEEDED, message)

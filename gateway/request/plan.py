@@ -1,0 +1,270 @@
+"""Plan one completion request: count → classify → check limits → choose tiers (pure).
+
+``plan_request`` turns a request body into a ``Plan``: its class and the header-ready reason,
+its prompt tokens, and the chain of tiers to try, each with the ``max_tokens`` to send it (a
+clamped value, the client's own, or ``None`` to leave the body alone). A request that cannot be
+served raises ``APIError`` in OpenAI's shape: 400 for the client's mistakes (malformed
+messages, ``context_length_exceeded``, oversized ``max_tokens`` when the policy rejects), 503
+with ``Retry-After`` when no tier can take it now. Nothing here does I/O: the tier statuses
+come from gateway/control/tier_status.py and the policy from gateway/policy/store.py.
+
+Order of the checks (policies/routing.yaml explains each knob):
+1. the prompt is counted with the model's tokenizer (chat template applied);
+2. the classifier names its class (gateway/request/classify.py);
+3. a prompt over ``limits.max_input_tokens`` is refused or re-classed ``long``;
+4. the route of the class gives the tiers that are ready, unsaturated and long enough
+   (gateway/request/router.py); a pin header replaces the route when the policy allows it;
+5. each tier's ``max_tokens`` is checked against its ``max_model_len`` (clamped or refused).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError
+from gateway.policy.schema import RoutingPolicy
+from gateway.request.classify import CompiledClasses, classify, content_texts, request_text
+from gateway.request.limits import check_limits, check_prompt
+from gateway.request.router import (
+    CONTEXT_LENGTH_EXCEEDED,
+    UNKNOWN_TIER,
+    RouteDecision,
+    RouteRequest,
+    TierStatus,
+    choose_tier,
+)
+
+MAX_REASON = 400  # characters of x-route-reason
+CHAT = "/v1/chat/completions"
+
+
+class PromptCounter(Protocol):
+    """What counting needs (gateway/request/limits.py ``TokenCounter`` or ``ByteCounter``)."""
+
+    def count_text(self, text: str) -> int: ...
+
+    def count_chat(self, messages: Sequence[Mapping[str, Any]]) -> int: ...
+
+
+class ByteCounter:
+    """Without a tokenizer: UTF-8 bytes bound the tokens of a byte-level BPE from above."""
+
+    def count_text(self, text: str) -> int:
+        return len(text.encode("utf-8", "surrogatepass")) + 1
+
+    def count_chat(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        texts = (piece for message in messages for piece in content_texts(message.get("content")))
+        return sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) + 16 * len(messages)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where a request goes and why."""
+
+    cls: str
+    reason: str  # one ASCII line: classification, route, limits
+    input_tokens: int
+    chain: tuple[str, ...]
+    max_tokens: Mapping[str, int | None]  # per tier; None: send the body's own value
+    max_tokens_field: str  # "max_tokens" or "max_completion_tokens"
+    pinned: str | None = None
+
+    def body_for(self, tier: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The body to send ``tier``: the client's, with ``max_tokens`` as planned."""
+        value = self.max_tokens.get(tier)
+        return dict(body) if value is None else {**body, self.max_tokens_field: value}
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """A request before routing: its class, prompt size and the completion length asked."""
+
+    cls: str
+    reason: str
+    input_tokens: int
+    max_tokens_field: str  # "max_tokens" or "max_completion_tokens"
+    max_tokens: int | None  # None: not given
+    long_route: bool = False  # re-classed long because the prompt is over max_input_tokens
+
+
+def plan_request(
+    body: Mapping[str, Any],
+    path: str,
+    policy: RoutingPolicy,
+    rules: CompiledClasses,
+    counter: PromptCounter,
+    statuses: Mapping[str, TierStatus],
+    pinned: str | None = None,
+) -> Plan:
+    """The plan for ``body`` sent to ``path`` (see the module docstring); raises ``APIError``."""
+    return plan_route(assess(body, path, policy, rules, counter), policy, statuses, pinned, path)
+
+
+def assess(
+    body: Mapping[str, Any],
+    path: str,
+    policy: RoutingPolicy,
+    rules: CompiledClasses,
+    counter: PromptCounter,
+) -> Assessment:
+    """Steps 1-3: count the prompt, classify it, apply the gateway-wide prompt limit."""
+    input_tokens = count_prompt(body, path, counter)
+    field, max_tokens = requested_max_tokens(body, path)
+    found = classify(request_text(body), input_tokens, rules)
+    gate = check_prompt(input_tokens, policy.limits)
+    if gate is None:
+        return Assessment(found.cls, found.reason, input_tokens, field, max_tokens)
+    if gate.action == "reject":
+        raise _too_long(gate.message, found.cls, found.reason, path)
+    reason = f"{found.reason}; {gate.message}"
+    return Assessment("long", reason, input_tokens, field, max_tokens, long_route=True)
+
+
+def plan_route(
+    found: Assessment,
+    policy: RoutingPolicy,
+    statuses: Mapping[str, TierStatus],
+    pinned: str | None,
+    path: str,
+) -> Plan:
+    """Steps 4-5: the tiers that may take the request, each with the ``max_tokens`` to send."""
+    cls, input_tokens, max_tokens = found.cls, found.input_tokens, found.max_tokens
+    request = RouteRequest(cls, input_tokens, max_tokens, pinned)
+    decision = choose_tier(list(statuses), statuses, request, policy)
+    reason = f"{found.reason} | {decision.reason}"
+    if not decision.chain:
+        raise _no_chain(decision, request, statuses, policy, reason, path)
+
+    chain: list[str] = []
+    sent: dict[str, int | None] = {}
+    for name in decision.chain:
+        limit = check_limits(
+            input_tokens,
+            max_tokens,
+            statuses[name].max_model_len,
+            policy.limits,
+            tier=name,
+            long_route=True,  # the gateway-wide prompt limit was applied by assess()
+        )
+        if limit.action == "reject":
+            if chain:
+                continue  # a later tier with less room; the earlier ones can take it
+            raise APIError(
+                400,
+                limit.message,
+                INVALID_REQUEST,
+                param=limit.param,
+                code=limit.error_code,
+                headers=route_headers(cls, None, reason),
+            )
+        keep = max_tokens is None and policy.limits.max_output_tokens is None
+        sent[name] = None if keep and limit.action == "ok" else limit.max_tokens
+        if limit.action == "clamp" and not chain:
+            reason = f"{reason}; {limit.message}"
+        chain.append(name)
+    return Plan(
+        cls, _header(reason), input_tokens, tuple(chain), sent, found.max_tokens_field, pinned
+    )
+
+
+def route_headers(cls: str | None, tier: str | None, reason: str | None) -> dict[str, str]:
+    """The ``x-route-*`` headers of an answer (missing parts are left out)."""
+    headers = {"x-route-class": cls, "x-route-tier": tier, "x-route-reason": reason}
+    return {key: _header(value) for key, value in headers.items() if value}
+
+
+def count_prompt(body: Mapping[str, Any], path: str, counter: PromptCounter) -> int:
+    """Prompt tokens of a chat or completions body; 400 for a malformed prompt."""
+    if path == CHAT:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _invalid("'messages' must be a non-empty array of messages", "messages")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise _invalid(f"messages[{i}] must be an object with a string 'role'", "messages")
+        return counter.count_chat(messages)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return counter.count_text(prompt)
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return max(counter.count_text(p) for p in prompt)
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+            return len(prompt)
+        if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
+            return max(len(p) for p in prompt)
+    raise _invalid(
+        "'prompt' must be a string, an array of strings or an array of token ids", "prompt"
+    )
+
+
+def requested_max_tokens(body: Mapping[str, Any], path: str) -> tuple[str, int | None]:
+    """The completion-length field the client used and its value (None: not given)."""
+    field = "max_completion_tokens" if path == CHAT and "max_completion_tokens" in body else None
+    field = field or "max_tokens"
+    value = body.get(field)
+    if value is None:
+        return field, None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise APIError(
+            400, f"'{field}' must be an integer", INVALID_REQUEST, param=field, code="invalid_type"
+        )
+    return field, value
+
+
+def _no_chain(
+    decision: RouteDecision,
+    request: RouteRequest,
+    statuses: Mapping[str, TierStatus],
+    policy: RoutingPolicy,
+    reason: str,
+    path: str,
+) -> APIError:
+    if decision.error == CONTEXT_LENGTH_EXCEEDED:
+        longest = max((s.max_model_len for s in statuses.values()), default=0)
+        limit = check_limits(request.input_tokens, request.max_tokens, longest, policy.limits)
+        if limit.param == "max_tokens":
+            return APIError(
+                400,
+                limit.message,
+                INVALID_REQUEST,
+                param="max_tokens",
+                code=CONTEXT_LENGTH_EXCEEDED,
+                headers=route_headers(request.cls, None, reason),
+            )
+        return _too_long(limit.message, request.cls, reason, path)
+    if decision.error == UNKNOWN_TIER:
+        return APIError(
+            400,
+            f"{decision.reason}; this gateway has {', '.join(statuses) or 'no tier'}",
+            INVALID_REQUEST,
+            param=policy.pinning.header,
+            code=UNKNOWN_TIER,
+            headers=route_headers(request.cls, None, reason),
+        )
+    headers = {"Retry-After": "5", **route_headers(request.cls, None, reason)}
+    message = f"no tier can take this request now ({decision.reason}); retry shortly"
+    return APIError(503, _header(message), SERVER_ERROR, code=decision.error, headers=headers)
+
+
+def _too_long(message: str, cls: str, reason: str, path: str) -> APIError:
+    param = "messages" if path == CHAT else "prompt"
+    return APIError(
+        400,
+        message,
+        INVALID_REQUEST,
+        param=param,
+        code=CONTEXT_LENGTH_EXCEEDED,
+        headers=route_headers(cls, None, reason),
+    )
+
+
+def _invalid(message: str, param: str) -> APIError:
+    return APIError(400, message, INVALID_REQUEST, param=param, code="invalid_value")
+
+
+def _header(text: str) -> str:
+    text = " ".join(text.encode("ascii", "backslashreplace").decode("ascii").split())
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."

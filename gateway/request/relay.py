@@ -1,0 +1,207 @@
+"""Relaying one request to its chain of tiers: open, fall back, stream or read, close.
+
+- ``open_chain`` tries the plan's tiers in order; a connect error or a 503 before the first
+  byte moves on to the next tier. Once a tier has answered, that answer is the answer.
+- ``UpstreamStreamingResponse`` relays SSE bytes as they come (no buffering); a tier failing
+  mid-stream ends the stream with one SSE error event, never a second answer. However the
+  stream ends (done, failed, client gone) the upstream connection is closed, which makes vLLM
+  abort the generation, and the exchange it was handed is told (which finishes it).
+- ``unless_client_leaves`` cancels a non-streamed exchange when the client disconnects.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from contextlib import aclosing
+from typing import Any, TypeVar
+
+import anyio
+import httpx
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from gateway.config import TierEndpoint
+from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError, error_body, sse_error_event
+from gateway.request.exchange import Exchange, SSECounter
+from gateway.request.upstream import Upstream, UpstreamUnavailable, aclose_quietly
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+async def open_chain(
+    upstream: Upstream,
+    tiers: list[TierEndpoint],
+    body_for: Callable[[str], Any],
+    path: str,
+    headers: Mapping[str, str],
+    exchange: Exchange,
+    first_byte: float = float("inf"),
+) -> tuple[TierEndpoint, httpx.Response]:
+    """Open the request on the first tier that connects, answers within ``first_byte``
+    seconds and does not answer 503."""
+    failures: list[str] = []
+    for tier in tiers:
+        await exchange.acquire(tier.name)
+        response = None
+        try:
+            with anyio.move_on_after(first_byte):
+                response = await upstream.send(tier, "POST", path, body_for(tier.name), headers)
+        except UpstreamUnavailable:
+            failures.append(f"{tier.name} unreachable")
+            exchange.fell_back(tier.name, "unreachable")
+            continue
+        if response is None:  # cancelling the send closed its connection: vLLM aborts
+            failures.append(f"{tier.name} did not answer within {first_byte:g} s")
+            exchange.fell_back(tier.name, "timeout")
+            continue
+        if response.status_code == 503:
+            await aclose_quietly(response)
+            failures.append(f"{tier.name} answered 503")
+            exchange.fell_back(tier.name, "503")
+            continue
+        return tier, response
+    await exchange.release()
+    raise APIError(
+        503,
+        f"no tier is available ({', '.join(failures)}); retry shortly",
+        SERVER_ERROR,
+        code="no_tier_available",
+        headers={"Retry-After": "5"},
+    )
+
+
+def normalise_error(status: int, tier: TierEndpoint, raw: bytes) -> dict[str, Any]:
+    """An upstream error body in OpenAI's nested shape (vLLM may answer flat or non-JSON)."""
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        payload = None
+    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        return payload
+    kind = SERVER_ERROR if status >= 500 else INVALID_REQUEST
+    if isinstance(payload, dict) and isinstance(payload.get("message"), str):
+        code = payload.get("code")
+        return error_body(
+            payload["message"],
+            str(payload.get("type") or kind),
+            payload.get("param") if isinstance(payload.get("param"), str) else None,
+            code if isinstance(code, str) else None,
+        )
+    text = " ".join(raw.decode("utf-8", "replace").split())[:200]
+    return error_body(f"tier '{tier.name}' answered HTTP {status}: {text}", kind)
+
+
+def whole_response(
+    tier: TierEndpoint, upstream_response: httpx.Response, raw: bytes, headers: Mapping[str, str]
+) -> Response:
+    """Relay a complete upstream answer with its status; errors keep OpenAI's shape."""
+    status = upstream_response.status_code
+    if status >= 400:
+        body = normalise_error(status, tier, raw)
+        return JSONResponse(body, status_code=status, headers=dict(headers))
+    media_type = upstream_response.headers.get("content-type", "application/json")
+    return Response(raw, status_code=status, media_type=media_type, headers=dict(headers))
+
+
+async def relay_sse(
+    upstream: Upstream,
+    tier: TierEndpoint,
+    response: httpx.Response,
+    counter: SSECounter | None = None,
+    on_first_byte: Callable[[], None] | None = None,
+) -> AsyncGenerator[bytes, None]:
+    """Yield upstream bytes as they arrive; a failure mid-stream ends with an SSE error event."""
+    tail = b"\n\n"
+    try:
+        async with aclosing(upstream.iter_raw(tier, response)) as chunks:
+            async for chunk in chunks:
+                if chunk:
+                    if on_first_byte is not None and tail == b"\n\n":
+                        on_first_byte()
+                        on_first_byte = None
+                    if counter is not None:
+                        counter.feed(chunk)
+                    tail = (tail + chunk)[-2:]
+                    yield chunk
+        if counter is not None:
+            counter.completed = True
+    except APIError as exc:
+        if counter is not None:
+            counter.failure = exc.status
+        separator = b"" if tail == b"\n\n" else b"\n\n"
+        yield separator + sse_error_event(exc)
+    finally:
+        await aclose_quietly(response)
+
+
+class UpstreamStreamingResponse(StreamingResponse):
+    """Streams a tier's SSE answer; the upstream is closed however the stream ends."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        tier: TierEndpoint,
+        response: httpx.Response,
+        headers: Mapping[str, str] | None = None,
+        exchange: Exchange | None = None,
+    ) -> None:
+        self._upstream_response = response
+        self._exchange = exchange
+        self._counter = SSECounter()
+        first_byte = None
+        if exchange is not None:
+            exchange.hand_to_stream()
+            first_byte = exchange.first_byte
+        self._chunks = relay_sse(upstream, tier, response, self._counter, first_byte)
+        super().__init__(
+            self._chunks,
+            status_code=response.status_code,
+            media_type="text/event-stream",
+            headers={**(headers or {}), "cache-control": "no-cache"},
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # A client disconnect cancels the streaming task; close what it left open,
+            # which drops the tier connection so vLLM aborts the generation.
+            with anyio.CancelScope(shield=True):
+                await self._chunks.aclose()
+                await aclose_quietly(self._upstream_response)
+                if self._exchange is not None:
+                    await self._exchange.stream_ended(self._counter.status, self._counter.tokens)
+
+
+async def unless_client_leaves(request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
+    """Run ``work`` but cancel it (returning None) if the client disconnects first.
+
+    Cancelling an upstream exchange closes its connection, which makes vLLM abort the request;
+    without this a client that gave up would keep a tier busy until the answer was complete.
+    """
+    outcome: list[T] = []
+    failure: list[Exception] = []
+    async with anyio.create_task_group() as group:
+
+        async def run() -> None:
+            try:
+                outcome.append(await work())
+            except Exception as exc:  # re-raised below, outside the task group
+                failure.append(exc)
+            group.cancel_scope.cancel()
+
+        async def watch() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            group.cancel_scope.cancel()
+
+        group.start_soon(run)
+        group.start_soon(watch)
+    if failure:
+        raise failure[0]
+    return outcome[0] if outcome else None

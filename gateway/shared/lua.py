@@ -1,0 +1,36 @@
+"""The Lua scripts gateway/shared/state.py runs in Redis (each is one atomic round trip).
+
+``INFLIGHT``: write one replica's in-flight snapshot unless a newer one (higher sequence number
+from the same owner) is already there, refresh its expiry and the replica registry, and count a
+request in the current second's bucket when a third key is given.
+``RATE_LIMIT``: an exact sliding-window log per key: allowed when fewer than ``limit`` requests
+were allowed in the last ``per`` seconds; answers ``{allowed, retry_after, remaining}``.
+"""
+
+INFLIGHT = """
+local owner, seq = unpack(redis.call('HMGET', KEYS[1], '__owner', '__seq'))
+if owner ~= ARGV[1] or tonumber(ARGV[2]) > tonumber(seq or '-1') then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], '__owner', ARGV[1], '__seq', ARGV[2], unpack(ARGV, 6))
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('SADD', KEYS[2], ARGV[4])
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
+if KEYS[3] then
+  redis.call('INCR', KEYS[3])
+  redis.call('EXPIRE', KEYS[3], ARGV[5])
+end
+return 1
+"""
+RATE_LIMIT = """
+local now, per, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - per)
+local count = redis.call('ZCARD', KEYS[1])
+if count < limit then
+  redis.call('ZADD', KEYS[1], now, ARGV[4])
+  redis.call('PEXPIRE', KEYS[1], math.ceil(per * 1000))
+  return {1, '0', limit - count - 1}
+end
+local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {0, tostring(tonumber(oldest[2]) + per - now), 0}
+"""

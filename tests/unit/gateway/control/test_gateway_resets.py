@@ -1,0 +1,241 @@
+"""ResetCoordinator over a real gateway runtime (stub tiers, local state, injected time)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from backends.client import ResetResult, TierClientError
+from backends.tier_state import TierState
+from gateway.app import create_app
+from gateway.config import GatewayConfig, TierEndpoint
+from gateway.control.resets import HISTORY, MARKS, ResetCoordinator, apply_shared_marks, parse_marks
+from gateway.runtime import Runtime
+from gateway.shared.leader import LeaderLock
+from gateway.shared.state import SharedRecords
+from model_optimizer.envs import ROOT
+
+NIGHT = datetime(2026, 12, 2, 3, 0, tzinfo=UTC).timestamp()  # inside 02:00-05:00 UTC
+NOON = datetime(2026, 12, 2, 12, 0, tzinfo=UTC).timestamp()
+
+
+class FakeTier:
+    """Stands in for backends.client.TierClient: records calls, answers as told."""
+
+    def __init__(self, log: list[str], fail: bool = False) -> None:
+        self.log, self.fail = log, fail
+
+    async def reset_kv_pool(self, verify: bool = True) -> ResetResult:
+        self.log.append("reset")
+        if self.fail:
+            raise TierClientError("POST /reset_prefix_cache: 500")
+        return ResetResult("reset_prefix_cache", True, 0.01, "probe: 0 hits after")
+
+    async def warm_up(self, model: str | None = None, requests: int = 2) -> None:
+        self.log.append("warm_up")
+
+
+def _policy(tmp_path: Path, **resets: Any) -> Path:
+    text = (ROOT / "policies" / "routing.yaml").read_text()
+    path = tmp_path / "routing.yaml"
+    path.write_text(text)
+    if resets:
+        import yaml
+
+        data = yaml.safe_load(text)
+        data["resets"].update(resets)
+        path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _with_coordinator(
+    stub_urls: list[str],
+    policy: Path,
+    scenario: Any,
+    clock: list[float],
+    fail: bool = False,
+) -> tuple[Any, list[str]]:
+    tiers = [
+        TierEndpoint(name=name, base_url=url)
+        for name, url in zip(("fp16", "int8", "int4"), stub_urls, strict=True)
+    ]
+    config = GatewayConfig(
+        model_name="stub-model",
+        tiers=tiers,
+        policy_path=str(policy),
+        watch_policy=False,
+        metrics_interval=0.05,
+    )
+    app = create_app(config)
+    calls: list[str] = []
+
+    async def main() -> Any:
+        async with app.router.lifespan_context(app):
+            runtime: Runtime = app.state.runtime
+            lock = LeaderLock(None, "test:leader", ttl=30.0)
+            await lock.start()
+            coordinator = ResetCoordinator(
+                runtime,
+                lock,
+                clock=lambda: clock[0],
+                tier_client=lambda name: FakeTier(calls, fail),  # type: ignore[arg-type,return-value]
+            )
+            return await scenario(coordinator, runtime)
+
+    return asyncio.run(main()), calls
+
+
+@pytest.fixture
+def three_stubs(make_stub: Any) -> list[str]:
+    return [make_stub().url for _ in range(3)]
+
+
+def test_no_reset_outside_the_window(three_stubs: list[str], tmp_path: Path) -> None:
+    async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
+        return await coordinator.tick()
+
+    decision, calls = _with_coordinator(three_stubs, _policy(tmp_path), scenario, [NOON])
+    assert decision.tier is None
+    assert "window" in decision.reason
+    assert calls == []
+
+
+def test_no_reset_while_traffic_is_above_the_quiet_threshold(
+    three_stubs: list[str], tmp_path: Path
+) -> None:
+    async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
+        for _ in range(50):  # 50 requests in the last seconds: 5 rps over the 10 s window
+            await runtime.shared.begin("fp16")
+            await runtime.shared.end("fp16")
+        return await coordinator.tick()
+
+    decision, calls = _with_coordinator(three_stubs, _policy(tmp_path), scenario, [NIGHT])
+    assert decision.tier is None
+    assert calls == []
+
+
+def test_window_and_quiet_reset_the_oldest_tier_and_record_it(
+    three_stubs: list[str], tmp_path: Path
+) -> None:
+    policy = _policy(tmp_path, quiet={"max_rps": 0.5, "for_seconds": 60})
+    clock = [NIGHT]
+
+    async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
+        first = await coordinator.tick()  # quiet starts being tracked now
+        clock[0] += 61
+        second = await coordinator.tick()
+        states = [s.state for s in runtime.board.statuses().values()]
+        return first, second, await coordinator.history(), states
+
+    (first, second, history, states), calls = _with_coordinator(
+        three_stubs, policy, scenario, clock
+    )
+    assert first.tier is None and "rps" in first.reason
+    assert second.tier == "fp16"  # never reset, first in the policy's tiers
+    assert calls == ["reset", "warm_up"]
+    assert [(r.tier, r.outcome) for r in history] == [("fp16", "ok")]
+    assert states == ["ready", "ready", "ready"]  # back in routing afterwards
+
+
+def test_reset_now_skips_the_window_and_marks_the_tier_meanwhile(
+    three_stubs: list[str], tmp_path: Path
+) -> None:
+    seen: list[str] = []
+    published: list[str | None] = []  # the marks, as other replicas read them from Redis
+
+    async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
+        # Every state the board is given for int8, recorded as it is set (a polling
+        # watcher missed a short draining phase on a loaded machine).
+        set_state, put = runtime.board.set_state, coordinator.records.put
+
+        def recording(name: str, state: TierState | None) -> None:
+            set_state(name, state)
+            if name == "int8":
+                seen.append(runtime.board.state("int8"))
+
+        async def publishing(name: str, value: str | None, ttl: float) -> None:
+            if name == MARKS:
+                published.append(value)
+            await put(name, value, ttl)
+
+        runtime.board.set_state = recording  # type: ignore[method-assign]
+        coordinator.records.put = publishing  # type: ignore[method-assign]
+        await coordinator.request("int8")
+        decision = await coordinator.tick()
+        seen.append(runtime.board.state("int8"))
+        return decision, await SharedRecords(runtime.shared).get(MARKS)
+
+    (decision, marks), calls = _with_coordinator(three_stubs, _policy(tmp_path), scenario, [NOON])
+    assert decision.tier == "int8"
+    assert "draining" in seen and "resetting" in seen
+    assert seen[-1] == "ready"
+    assert marks is None
+    token = json.loads(published[0] or "{}")["token"]
+    assert published == [
+        f'{{"int8": "draining", "token": {token}}}',
+        f'{{"int8": "resetting", "token": {token}}}',
+        None,
+    ]
+    assert calls == ["reset", "warm_up"]
+
+
+def test_a_failing_reset_is_recorded_and_the_tier_comes_back(
+    three_stubs: list[str], tmp_path: Path
+) -> None:
+    async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
+        await coordinator.request("int4")
+        await coordinator.tick()
+        return await coordinator.history(), runtime.board.state("int4")
+
+    (history, state), _ = _with_coordinator(
+        three_stubs, _policy(tmp_path), scenario, [NOON], fail=True
+    )
+    assert (history[0].tier, history[0].outcome) == ("int4", "failed")
+    assert "500" in history[0].detail
+    assert state == "ready"
+
+
+def test_an_unfinished_reset_of_an_older_leader_is_recorded_as_abandoned(
+    three_stubs: list[str], tmp_path: Path
+) -> None:
+    async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
+        records = SharedRecords(runtime.shared)
+        dead = {"tier": "fp16", "token": 0, "started_at": NOON - 5, "leader": "gone"}
+        await records.put("reset:current", json.dumps(dead), ttl=60)
+        await records.put(MARKS, json.dumps({"fp16": "draining", "token": 0}), ttl=60)
+        await coordinator.tick()
+        await apply_shared_marks(runtime, records)
+        return [json.loads(x) for x in await records.items(HISTORY)], runtime.board.state("fp16")
+
+    (history, state), calls = _with_coordinator(three_stubs, _policy(tmp_path), scenario, [NOON])
+    assert [(r["tier"], r["outcome"]) for r in history] == [("fp16", "abandoned")]
+    assert state == "ready"
+    assert calls == []
+
+
+def test_marks_parse_leniently() -> None:
+    marks = parse_marks(json.dumps({"int8": "draining", "token": 4}))
+    assert marks == {"int8": TierState.DRAINING} and marks["int8"] is TierState.DRAINING
+    assert parse_marks(json.dumps({"int8": "asleep", "fp16": ["draining"], "int4": "down"})) == {
+        "int4": TierState.DOWN
+    }  # values that are not tier states are dropped
+    assert parse_marks(None) == {} and parse_marks("not json") == {}
+
+
+def test_admin_resets_queue_and_describe(
+    three_stubs: list[str], tmp_path: Path, start_gateway: Any, client: httpx.Client
+) -> None:
+    from gateway.config import hash_key
+
+    gateway = start_gateway(*three_stubs, admin_key_hashes=[hash_key("k")])
+    auth = {"Authorization": "Bearer k"}
+    described = client.get(f"{gateway}/admin/resets", headers=auth).json()
+    assert described["history"] == [] and described["current"] is None
+    assert "enabled" in described["schedule"]
+    assert client.post(f"{gateway}/admin/resets/t9", headers=auth).status_code == 404

@@ -1,0 +1,148 @@
+"""Exchange bookkeeping under cancellation, and SSECounter's reading of a relayed stream."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from gateway.errors import APIError
+from gateway.metrics import GatewayMetrics
+from gateway.request.exchange import Exchange, SSECounter, usage_tokens
+from gateway.shared.state import SharedState
+from gateway.telemetry import build_tracer_provider
+
+
+class SlowShared(SharedState):
+    """Local state whose begin/end wait like a slow Redis round trip after counting."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.ended: list[str] = []
+
+    async def begin(self, tier: str) -> None:
+        self._local.inflight[tier] = self._local.inflight.get(tier, 0) + 1
+        await anyio.sleep(0.2)
+
+    async def end(self, tier: str) -> None:
+        self._local.inflight[tier] = max(0, self._local.inflight.get(tier, 0) - 1)
+        await anyio.sleep(0.2)
+        self.ended.append(tier)
+
+
+def _exchange() -> tuple[Exchange, SlowShared, InMemorySpanExporter, GatewayMetrics]:
+    exporter = InMemorySpanExporter()
+    tracer = build_tracer_provider(exporter).get_tracer("test")
+    shared, metrics = SlowShared(), GatewayMetrics()
+    exchange = Exchange(tracer, metrics, shared, "/v1/chat/completions")
+    return exchange, shared, exporter, metrics
+
+
+def test_a_slot_taken_while_cancelled_is_still_released() -> None:
+    exchange, shared, _, _ = _exchange()
+
+    async def main() -> None:
+        async with exchange:
+            with anyio.move_on_after(0.05):  # the client leaves during begin's round trip
+                await exchange.acquire("int4")
+            assert await shared.in_flight() == {"int4": 1}
+            exchange.set_outcome(499)
+        assert await shared.in_flight() == {"int4": 0}
+
+    anyio.run(main)
+
+
+def test_finish_inside_a_cancelled_scope_completes() -> None:
+    exchange, shared, exporter, metrics = _exchange()
+
+    async def main() -> None:
+        await exchange.acquire("fp16")
+        with anyio.CancelScope() as scope:
+            scope.cancel()  # as when the client's disconnect cancels the exchange task
+            async with exchange:
+                exchange.set_outcome(200)
+
+    anyio.run(main)
+    assert shared.ended == ["fp16"]
+    assert [span.name for span in exporter.get_finished_spans()] == ["gateway.request"]
+    rendered = metrics.render(None)[0].decode()
+    assert 'gateway_requests_total{class="none",status="200",tier="fp16"} 1.0' in rendered
+
+
+def test_finish_happens_once() -> None:
+    exchange, shared, exporter, _ = _exchange()
+
+    async def main() -> None:
+        async with exchange:
+            await exchange.acquire("int8")
+            exchange.set_outcome(200)
+        await exchange.stream_ended(500, 3)
+
+    anyio.run(main)
+    assert shared.ended == ["int8"]
+    assert len(exporter.get_finished_spans()) == 1
+
+
+def test_an_exception_leaving_the_block_is_the_outcome() -> None:
+    exchange, _, exporter, metrics = _exchange()
+    other, _, _, _ = _exchange()
+
+    async def main() -> None:
+        with pytest.raises(APIError):
+            async with exchange:
+                raise APIError(429, "slow down", code="rate_limited")
+        with pytest.raises(RuntimeError):
+            async with other:
+                other.set_outcome(200)  # an answer was on its way, then something broke
+                raise RuntimeError("boom")
+
+    anyio.run(main)
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes is not None and span.attributes["http.response.status_code"] == 429
+    assert other.finished and (other.status, other.error) == (500, "internal_error")
+    assert 'gateway_rejections_total{reason="rate_limited"} 1.0' in metrics.render(None)[0].decode()
+
+
+def test_a_stream_it_was_handed_to_finishes_it_with_its_children() -> None:
+    exchange, shared, exporter, metrics = _exchange()
+
+    async def main() -> None:
+        async with exchange:
+            upstream = exchange.child("upstream")
+            await exchange.acquire("int4")
+            exchange.hand_to_stream()
+        assert not exchange.finished and await shared.in_flight() == {"int4": 1}
+        assert upstream.is_recording()
+        with anyio.CancelScope() as scope:
+            scope.cancel()  # the client left mid-stream
+            await exchange.stream_ended(499, 7)
+
+    anyio.run(main)
+    assert shared.ended == ["int4"]
+    child, request = exporter.get_finished_spans()  # the child ends first
+    assert (child.name, request.name) == ("upstream", "gateway.request")
+    assert child.parent is not None and child.parent.span_id == request.context.span_id
+    assert child.attributes is not None and child.attributes["gateway.route.tier"] == "int4"
+    assert request.attributes is not None and request.attributes["gen_ai.usage.output_tokens"] == 7
+    rendered = metrics.render(None)[0].decode()
+    assert 'gateway_requests_total{class="none",status="499",tier="int4"} 1.0' in rendered
+
+
+def test_sse_counter_reads_usage_or_counts_events_and_knows_the_outcome() -> None:
+    counter = SSECounter()
+    assert counter.status == 499  # nothing finished it yet: the client left
+    counter.feed(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\ndata: {"choi')
+    counter.feed(b'ces":[{"delta":{"content":"b"}}]}\n\ndata: {"choices":[{"delta":{}}]}\n\n')
+    assert counter.tokens == 2  # three choice events, the last one empty
+    counter.feed(b'data: {"choices":[],"usage":{"completion_tokens":7}}\n\ndata: [DONE]\n\n')
+    assert counter.tokens == 7
+    counter.completed = True
+    assert counter.status == 200
+    counter.failure = 502
+    assert counter.status == 502
+
+
+def test_usage_tokens_of_a_whole_answer() -> None:
+    assert usage_tokens(b'{"usage": {"prompt_tokens": 5, "completion_tokens": 9}}') == (5, 9)
+    assert usage_tokens(b"not json") == (None, None)
+    assert usage_tokens(b'{"usage": null}') == (None, None)

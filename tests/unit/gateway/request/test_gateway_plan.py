@@ -1,0 +1,180 @@
+"""plan_request: counting, classification, limits and the chain with per-tier max_tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.errors import APIError
+from gateway.policy.schema import RoutingPolicy, load_policy
+from gateway.request.classify import CompiledClasses
+from gateway.request.limits import TokenCounter
+from gateway.request.plan import ByteCounter, Plan, count_prompt, plan_request, route_headers
+from gateway.request.router import TierStatus
+from model_optimizer.envs import ROOT
+from tests.unit.gateway.request.tier_statuses import tier_statuses
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+SHIPPED = load_policy(ROOT / "policies" / "routing.yaml")
+RULES = CompiledClasses.build(SHIPPED.classes)
+
+
+def _plan(
+    body: dict[str, Any],
+    path: str = CHAT,
+    policy: RoutingPolicy = SHIPPED,
+    statuses: dict[str, TierStatus] | None = None,
+    pinned: str | None = None,
+) -> Plan:
+    rules = RULES if policy is SHIPPED else CompiledClasses.build(policy.classes)
+    return plan_request(
+        body, path, policy, rules, ByteCounter(), statuses or tier_statuses(), pinned
+    )
+
+
+def _chat(text: str, **extra: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": text}], **extra}
+
+
+def test_code_goes_to_fp16_and_chit_chat_to_int4() -> None:
+    code = _plan(_chat("Write a Python function that reverses a linked list."))
+    assert (code.cls, code.chain) == ("code", ("fp16", "int8"))
+    chat = _plan(_chat("Hi! How are you today?"))
+    assert (chat.cls, chat.chain) == ("tolerant", ("int4", "int8", "fp16"))
+    assert chat.reason.startswith("tolerant") and "| tolerant -> int4" in chat.reason
+
+
+def test_body_is_untouched_without_max_tokens_and_clamped_when_too_large() -> None:
+    body = _chat("Hi there")
+    plan = _plan(body)
+    assert plan.body_for("int4", body) == body
+    big = _chat("Hi there", max_tokens=100_000)
+    clamped = _plan(big)
+    sent = clamped.body_for("int4", big)["max_tokens"]
+    assert 0 < sent < 2048
+    assert "lowered to" in clamped.reason
+
+
+def test_max_completion_tokens_is_the_field_clamped_when_given() -> None:
+    body = _chat("Hi there", max_completion_tokens=50_000)
+    plan = _plan(body)
+    assert plan.max_tokens_field == "max_completion_tokens"
+    assert plan.body_for("int4", body)["max_completion_tokens"] < 2048
+
+
+def test_prompt_over_the_gateway_limit_is_context_length_exceeded() -> None:
+    with pytest.raises(APIError) as caught:
+        _plan(_chat("word " * 2000))  # > max_input_tokens (1536) by the byte bound
+    error = caught.value
+    assert (error.status, error.code, error.param) == (400, "context_length_exceeded", "messages")
+    assert "1536" in error.message
+    assert error.headers["x-route-class"] == "long"
+
+
+def test_prompt_over_the_limit_goes_long_when_the_policy_says_so() -> None:
+    policy = SHIPPED.model_copy(
+        update={"limits": SHIPPED.limits.model_copy(update={"on_input_too_long": "route_long"})}
+    )
+    plan = _plan(_chat("word " * 400), policy=policy)  # ~2,000 bytes > 1,536
+    assert plan.cls == "long"
+    assert "long route" in plan.reason
+
+
+def test_prompt_longer_than_every_tier_is_refused_even_via_the_long_route() -> None:
+    policy = SHIPPED.model_copy(
+        update={"limits": SHIPPED.limits.model_copy(update={"on_input_too_long": "route_long"})}
+    )
+    with pytest.raises(APIError) as caught:
+        _plan(_chat("word " * 1000), policy=policy)  # 5,000 bytes > every max_model_len
+    assert caught.value.code == "context_length_exceeded"
+    assert "2048" in caught.value.message
+
+
+def test_reject_policy_refuses_max_tokens_beyond_the_tier() -> None:
+    policy = SHIPPED.model_copy(
+        update={"limits": SHIPPED.limits.model_copy(update={"on_max_tokens_too_large": "reject"})}
+    )
+    with pytest.raises(APIError) as caught:
+        _plan(_chat("Hi", max_tokens=4000), policy=policy)
+    assert (caught.value.status, caught.value.param) == (400, "max_tokens")
+    assert caught.value.code == "context_length_exceeded"
+
+
+def test_tiers_not_ready_or_saturated_are_skipped() -> None:
+    statuses = tier_statuses(int4={"state": "draining"}, int8={"requests_waiting": 10.0})
+    plan = _plan(_chat("Hi! How are you?"), statuses=statuses)
+    assert plan.chain == ("fp16",)
+    assert "int4 (draining)" in plan.reason and "int8 (saturated" in plan.reason
+
+
+def test_no_ready_tier_is_503_with_retry_after() -> None:
+    statuses = tier_statuses(**{name: {"state": "down"} for name in ("fp16", "int8", "int4")})
+    with pytest.raises(APIError) as caught:
+        _plan(_chat("Hi"), statuses=statuses)
+    assert (caught.value.status, caught.value.code) == (503, "no_tier_available")
+    assert caught.value.headers["Retry-After"] == "5"
+
+
+def test_pin_is_ignored_unless_allowed_and_unknown_pin_is_400() -> None:
+    plan = _plan(_chat("Hi"), pinned="fp16")
+    assert plan.chain[0] == "int4" and "ignored" in plan.reason
+    allowed = SHIPPED.model_copy(
+        update={"pinning": SHIPPED.pinning.model_copy(update={"allow": True})}
+    )
+    assert _plan(_chat("Hi"), policy=allowed, pinned="fp16").chain == ("fp16",)
+    with pytest.raises(APIError) as caught:
+        _plan(_chat("Hi"), policy=allowed, pinned="fp64")
+    assert (caught.value.status, caught.value.code) == (400, "unknown_tier")
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"content": "no role"}]}, "messages"),
+        ({}, "messages"),
+    ],
+)
+def test_malformed_messages_are_400(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(APIError) as caught:
+        _plan(body)
+    assert (caught.value.status, caught.value.param) == (400, param)
+
+
+@pytest.mark.parametrize("value", ["10", 1.5, True, [1]])
+def test_max_tokens_of_the_wrong_type_is_400(value: Any) -> None:
+    with pytest.raises(APIError) as caught:
+        _plan(_chat("Hi", max_tokens=value))
+    assert (caught.value.status, caught.value.code) == (400, "invalid_type")
+
+
+def test_completions_prompts_of_every_shape_are_counted() -> None:
+    counter = ByteCounter()
+    assert count_prompt({"prompt": "abc"}, COMPLETIONS, counter) == 4
+    assert count_prompt({"prompt": ["a", "abcdef"]}, COMPLETIONS, counter) == 7
+    assert count_prompt({"prompt": [1, 2, 3]}, COMPLETIONS, counter) == 3
+    assert count_prompt({"prompt": [[1], [1, 2]]}, COMPLETIONS, counter) == 2
+    for bad in (None, 5, [], [1, "a"]):
+        with pytest.raises(APIError):
+            count_prompt({"prompt": bad}, COMPLETIONS, counter)
+
+
+def test_the_real_tokenizer_counts_fewer_tokens_than_the_byte_bound(tmp_path: Any) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({"hello": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    counter = TokenCounter(tokenizer)
+    body = {"prompt": "hello hello hello"}
+    assert count_prompt(body, COMPLETIONS, counter) == 3
+    assert count_prompt(body, COMPLETIONS, ByteCounter()) > 3
+
+
+def test_route_headers_are_ascii_and_bounded() -> None:
+    headers = route_headers("code", "fp16", "π " + "x" * 1000)
+    assert headers["x-route-reason"].isascii()
+    assert len(headers["x-route-reason"]) <= 400
+    assert route_headers(None, None, "r") == {"x-route-reason": "r"}
