@@ -8,8 +8,11 @@ Sections:
 - ``tiers``: the tier names this policy may route to (e.g. fp16, int8, int4). Every tier named
   elsewhere must be one of them, so a typo in a route is an error, not a silently dead route.
   Given ``known_tiers`` (the gateway's), ``parse_policy`` also refuses a tier not among them.
-- ``classes``: the classifier's rules (gateway/classify.py): ``long`` by prompt tokens, ``code``
-  and ``math`` by weighted signals against a threshold; ``tolerant`` is everything else.
+- ``classes``: the classifier (gateway/request/classify.py): ``long`` by prompt tokens; then the
+  trained model (``model``: its weights file and the threshold on P(precise)) with operator
+  ``overrides``, or the keyword rules (``code`` and ``math`` by weighted signals against a
+  threshold); ``tolerant`` is everything else. Every regular expression must pass the
+  linear-time rule of gateway/policy/linear.py.
 - ``routes``: per class, the tiers to try: an ordered chain, or ``most_free_kv`` over a list.
 - ``saturation``: when a tier counts as saturated (skipped) from its scraped metrics.
 - ``limits``: prompt and completion token limits and what to do when a request exceeds them.
@@ -41,6 +44,7 @@ from common.operator_yaml import (
     read_text,
     validate,
 )
+from gateway.policy.linear import superlinear
 
 ClassName = Literal["tolerant", "code", "math", "long"]
 CLASS_NAMES: tuple[ClassName, ...] = ("tolerant", "code", "math", "long")
@@ -86,11 +90,19 @@ class Pattern(Section):
     @field_validator("regex")
     @classmethod
     def _compiles(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"bad regular expression {value!r}: {exc}") from None
-        return value
+        return _linear_regex(value)
+
+
+def _linear_regex(value: str) -> str:
+    """A regular expression that compiles and passes the linear-time rule (policy/linear.py)."""
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"bad regular expression {value!r}: {exc}") from None
+    problem = superlinear(value)
+    if problem:
+        raise ValueError(f"{value!r} may take more than linear time: {problem}")
+    return value
 
 
 def _keywords(value: list[str]) -> list[str]:
@@ -172,12 +184,88 @@ class MathRule(Section):
         return _keywords(value)
 
 
+class ModelRule(Section):
+    """The trained prompt model (gateway/request/prompt_model.py) decides precise vs tolerant:
+    P(precise) at or above ``threshold`` is ``code`` or ``math`` (whichever the model's second
+    regression prefers), below it ``tolerant``. Lower thresholds send more to the precise routes
+    (sending a precise request to a low-precision tier costs more than the reverse)."""
+
+    weights: str = Field(min_length=1)  # a weights file, relative to the policy's folder
+    threshold: float = Field(gt=0, lt=1)
+    history_decay: float = Field(default=0.5, gt=0, le=1)
+    system_weight: NonNegativeFloat = 0.5
+    top_features: int = Field(default=3, ge=0, le=10)
+
+
+class Override(Section):
+    """An operator rule that forces a class: a regular expression or a keyword list, checked
+    ``before`` the model (a match skips it) or ``after`` it (a match replaces its class)."""
+
+    name: str
+    cls: Literal["tolerant", "code", "math"] = Field(alias="class")
+    stage: Literal["before", "after"] = "before"
+    regex: str | None = None
+    keywords: list[str] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _check_name(value, "override name")
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        return None if value is None else _linear_regex(value)
+
+    @field_validator("keywords")
+    @classmethod
+    def _fold(cls, value: list[str]) -> list[str]:
+        return _keywords(value)
+
+    @model_validator(mode="after")
+    def _one_test(self) -> Override:
+        if (self.regex is None) == (not self.keywords):
+            raise ValueError("give either regex or keywords")
+        return self
+
+
+class WindowRule(Section):
+    """What the classifier reads of a request: the last ``max_turns`` user messages of a chat
+    (and its system messages), the first ``max_prompts`` prompts of a completions list one by
+    one (the rest as one text); of each text, the rules and overrides read the first
+    ``head_chars`` and last ``tail_chars`` characters (the model reads the window its weights
+    file names)."""
+
+    head_chars: PositiveInt = 4096
+    tail_chars: int = Field(default=2048, ge=0)
+    max_turns: PositiveInt = 8
+    max_prompts: PositiveInt = 32
+
+
 class ClassesPolicy(Section):
-    """The classifier's rules. ``tolerant`` has none: it is what nothing else claims."""
+    """The classifier: ``long`` by tokens; then either the trained ``model`` (with operator
+    ``overrides``) or the keyword rules ``code`` and ``math``. ``tolerant`` has no rule: it is
+    what nothing else claims."""
 
     long: LongRule = Field(default_factory=LongRule)
     code: CodeRule = Field(default_factory=CodeRule)
     math: MathRule = Field(default_factory=MathRule)
+    model: ModelRule | None = None
+    overrides: list[Override] = Field(default_factory=list)
+    window: WindowRule = Field(default_factory=WindowRule)
+
+    @model_validator(mode="after")
+    def _model_or_rules(self) -> ClassesPolicy:
+        given = {"code", "math"} & self.model_fields_set
+        if self.model is not None and given:
+            raise ValueError(
+                f"give either model or the keyword rules ({', '.join(sorted(given))}), not both"
+            )
+        names = [o.name for o in self.overrides]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise ValueError(f"override {name} is listed twice")
+        return self
 
 
 # --------------------------------------------------------------------------- routes

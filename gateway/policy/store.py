@@ -181,7 +181,7 @@ class PolicyStore:
         except UnicodeDecodeError as exc:
             raise PolicyError(f"{self.path}: cannot read routing policy: {exc}") from None
         policy = parse_policy(text, str(self.path), self.known_tiers)
-        rules = CompiledClasses.build(policy.classes)
+        rules = CompiledClasses.build(policy.classes, self.path.parent)
         policy, derived = derive_routes(policy, self.measured, self.reference)
         return ActivePolicy(policy, rules, digest, self._clock(), str(self.path), derived)
 

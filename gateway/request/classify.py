@@ -35,10 +35,22 @@ from __future__ import annotations
 import string
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from gateway.policy.schema import ClassesPolicy, CodeRule, MathRule, Pattern, TaskRule
+from common.prompt_features import window
+from gateway.policy.schema import (
+    ClassesPolicy,
+    CodeRule,
+    MathRule,
+    ModelRule,
+    Override,
+    Pattern,
+    PolicyError,
+    TaskRule,
+)
 from gateway.request.prefilter import DIGITS, Matcher, Scan
+from gateway.request.prompt_model import ModelError, PromptModel, TextScore, combine, sigmoid
 
 TOLERANT, CODE, MATH, LONG = "tolerant", "code", "math", "long"
 _FENCE = r"\n[ \t]*(?:```|~~~)"
@@ -62,6 +74,7 @@ class Classification:
     reason: str
     code_score: float = 0.0
     math_score: float = 0.0
+    p_precise: float | None = None  # the model's probability, when a model decided
 
 
 # --------------------------------------------------------------------------- words
@@ -172,10 +185,22 @@ class CompiledClasses:
     math_patterns: tuple[Matcher, ...]
     code_patterns_weight: float
     math_patterns_weight: float
+    model: PromptModel | None = None
+    model_rule: ModelRule | None = None
+    before: tuple[_Override, ...] = ()
+    after: tuple[_Override, ...] = ()
+    head_chars: int = 4096
+    tail_chars: int = 2048
+    max_turns: int = 8
+    max_prompts: int = 32
 
     @classmethod
-    def build(cls, policy: ClassesPolicy) -> CompiledClasses:
+    def build(cls, policy: ClassesPolicy, base: Path | None = None) -> CompiledClasses:
+        """Compile ``policy``; a model's weights path is read relative to ``base`` (the policy
+        file's folder), else to the repository. ``PolicyError`` when the weights are unusable."""
         code, math = policy.code, policy.math
+        overrides = tuple(_Override.build(o) for o in policy.overrides)
+        read = policy.window
         return cls(
             long_min_tokens=policy.long.min_tokens,
             code=code,
@@ -194,7 +219,69 @@ class CompiledClasses:
             math_patterns=_matchers(math.patterns),
             code_patterns_weight=sum(p.weight for p in code.patterns),
             math_patterns_weight=sum(p.weight for p in math.patterns),
+            model=_load_model(policy.model, base) if policy.model else None,
+            model_rule=policy.model,
+            before=tuple(o for o in overrides if o.stage == "before"),
+            after=tuple(o for o in overrides if o.stage == "after"),
+            head_chars=read.head_chars,
+            tail_chars=read.tail_chars,
+            max_turns=read.max_turns,
+            max_prompts=read.max_prompts,
         )
+
+    def window(self, text: str) -> str:
+        return window(text, self.head_chars, self.tail_chars)
+
+
+_REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def model_path(weights: str, base: Path | None) -> Path:
+    """Where a policy's ``model.weights`` is: absolute, or next to the policy file (``base``),
+    or in the repository (the shipped weights, for a policy copied elsewhere)."""
+    path = Path(weights)
+    if path.is_absolute():
+        return path
+    for folder in (base, _REPOSITORY / "policies"):
+        if folder is not None and (folder / path).is_file():
+            return folder / path
+    return (base or _REPOSITORY / "policies") / path
+
+
+def _load_model(rule: ModelRule, base: Path | None) -> PromptModel:
+    try:
+        return PromptModel.load(model_path(rule.weights, base))
+    except ModelError as exc:
+        raise PolicyError(f"classes.model.weights: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class _Override:
+    """An operator rule forcing a class (``classes.overrides``), compiled."""
+
+    name: str
+    cls: str
+    stage: str
+    matcher: Matcher | None
+    words: frozenset[bytes]
+    phrases: tuple[bytes, ...]
+
+    @classmethod
+    def build(cls, rule: Override) -> _Override:
+        matcher = Matcher.build(rule.name, rule.regex, 1.0) if rule.regex else None
+        parts = [_words(k) for k in rule.keywords]
+        words = frozenset(p[0] for p in parts if len(p) == 1)
+        phrases = tuple(b" " + b" ".join(p) + b" " for p in parts if len(p) > 1)
+        return cls(rule.name, rule.cls, rule.stage, matcher, words, phrases)
+
+    def matches(self, text: str) -> bool:
+        if self.matcher is not None:
+            return self.matcher.search(Scan.of(text))
+        spaced = text.encode("utf-8", "surrogatepass").lower().translate(_WORD_TABLE)
+        if self.words and not self.words.isdisjoint(spaced.split()):
+            return True
+        padded = b" " + b" ".join(spaced.split()) + b" " if self.phrases else b""
+        return any(phrase in padded for phrase in self.phrases)
 
 
 def _matchers(patterns: Sequence[Pattern]) -> tuple[Matcher, ...]:
@@ -311,6 +398,209 @@ def _brief(score: _Score) -> str:
 
 def _ascii(text: str) -> str:
     return text.encode("ascii", "backslashreplace").decode("ascii")
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What the classifier reads of a request (``request_parts``)."""
+
+    system: tuple[str, ...] = ()  # chat: system and developer messages
+    turns: tuple[str, ...] = ()  # chat: user messages, oldest first
+    prompts: Sequence[object] = ()  # completions: the prompt, or the list (non-strings skipped)
+    chat: bool = False
+
+
+def request_parts(body: Mapping[str, Any], max_turns: int | None = None) -> Parts:
+    """The texts of a chat (system and user messages; assistant and tool messages are the
+    model's own words and do not count) or of a completions request (each prompt string).
+    With ``max_turns``, a chat is read from its end up to that many user messages (and its
+    leading system messages, as many), so a long conversation costs no more than a short one."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        limit = len(messages) if max_turns is None else max_turns
+        system: list[str] = []
+        for message in messages[:limit]:
+            if not isinstance(message, Mapping) or message.get("role") not in _SYSTEM:
+                break
+            text = "\n\n".join(content_texts(message.get("content")))
+            if text:
+                system.append(text)
+        turns: list[str] = []
+        for message in reversed(messages):
+            if len(turns) >= limit:
+                break
+            if isinstance(message, Mapping) and message.get("role") == "user":
+                text = "\n\n".join(content_texts(message.get("content")))
+                if text:
+                    turns.append(text)
+        return Parts(tuple(system), tuple(reversed(turns)), (), chat=True)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return Parts(prompts=(prompt,))
+    if isinstance(prompt, list):
+        return Parts(prompts=prompt)  # read within bounds by _read (a list may be huge)
+    return Parts()
+
+
+_SYSTEM = ("system", "developer")
+
+
+def classify_request(
+    body: Mapping[str, Any], token_count: int, rules: CompiledClasses
+) -> Classification:
+    """The class of a chat or completions request of ``token_count`` prompt tokens (the
+    longest prompt's, for a list): ``long`` by tokens, then the policy's overrides and model,
+    or its keyword rules. What is read is bounded whatever the request's size: the last
+    ``max_turns`` user messages, the first ``max_prompts`` prompts one by one (the rest joined),
+    and of each text its window."""
+    if token_count >= rules.long_min_tokens:
+        return Classification(LONG, f"long: {token_count} prompt tokens >= {rules.long_min_tokens}")
+    parts = request_parts(body, rules.max_turns)
+    texts = _read(parts, rules)
+    windows = [rules.window(t) for t in texts]
+    count = len(parts.prompts)
+    for override in rules.before:
+        if any(override.matches(w) for w in windows):
+            return Classification(override.cls, f"{override.cls}: override {override.name}")
+    if rules.model is not None and rules.model_rule is not None:
+        found = _by_model(parts, texts, count, rules.model, rules.model_rule, rules)
+    else:
+        found = _by_rules(parts, windows, rules)
+    for override in rules.after:
+        if any(override.matches(w) for w in windows):
+            reason = _ascii(f"{override.cls}: override {override.name} (after {found.reason})")
+            return Classification(override.cls, reason, p_precise=found.p_precise)
+    return found
+
+
+def _read(parts: Parts, rules: CompiledClasses) -> list[str]:
+    """The texts read (not yet windowed): system messages and the last user turns of a chat,
+    or the prompts of a list: the first ``max_prompts - 1`` distinct ones on their own, the rest
+    as one text, of which only what its window can show is gathered (the work stays bounded
+    for a list of any length)."""
+    if parts.chat:
+        return [*parts.system, *parts.turns[-rules.max_turns :]]
+    most = rules.max_prompts
+    first: list[str] = []
+    seen: set[str] = set()
+    index = 0
+    for index, prompt in enumerate(parts.prompts):
+        if len(first) == most - 1 or index >= 4 * most:  # duplicates count toward the bound
+            break
+        if isinstance(prompt, str) and prompt not in seen:
+            seen.add(prompt)
+            first.append(prompt)
+    else:
+        return first
+    rest = _gather(parts.prompts, index, rules.head_chars, rules.tail_chars)
+    return [*first, rest] if rest else first
+
+
+def _gather(items: Sequence[object], start: int, head: int, tail: int) -> str:
+    """``items[start:]`` (strings only) joined by blank lines, cut to what a window of ``head``
+    + ``tail`` characters reads: a bounded number of items from each end."""
+    front: list[str] = []
+    size, i = 0, start
+    while i < len(items) and size < head:
+        item = items[i]
+        if isinstance(item, str):
+            front.append(item)
+            size += len(item) + 2
+        i += 1
+    back: list[str] = []
+    size, j = 0, len(items) - 1
+    while j >= i and size < tail:
+        item = items[j]
+        if isinstance(item, str):
+            back.append(item)
+            size += len(item) + 2
+        j -= 1
+    gap = ["..."] if j >= i else []
+    return "\n\n".join([*front, *gap, *reversed(back)])
+
+
+def _by_rules(parts: Parts, windows: list[str], rules: CompiledClasses) -> Classification:
+    """The keyword rules: a chat's texts as one, each prompt of a list on its own (the most
+    demanding wins: precise over tolerant, then the higher score)."""
+    if parts.chat or len(windows) <= 1:
+        return classify("\n\n".join(windows), 0, rules)
+    found = [classify(w, 0, rules) for w in windows]
+    best = max(
+        range(len(found)),
+        key=lambda i: (found[i].cls != TOLERANT, max(found[i].code_score, found[i].math_score)),
+    )
+    choice = found[best]
+    reason = f"{choice.reason} (prompt {best + 1} of {len(found)} decides)"
+    return Classification(choice.cls, reason, choice.code_score, choice.math_score)
+
+
+def _by_model(
+    parts: Parts,
+    texts: list[str],
+    count: int,
+    model: PromptModel,
+    rule: ModelRule,
+    rules: CompiledClasses,
+) -> Classification:
+    """P(precise) from the model (see the module docstring: conversations, lists)."""
+    note = ""
+    if parts.chat:
+        turns = parts.turns[-rules.max_turns :]
+        scores = [model.score(t) for t in turns]
+        weighted = [(s, rule.history_decay ** (len(scores) - 1 - i)) for i, s in enumerate(scores)]
+        if parts.system and rule.system_weight > 0:
+            weighted.append((model.score("\n\n".join(parts.system)), rule.system_weight))
+        if not weighted:
+            return Classification(TOLERANT, "tolerant: no text to classify", p_precise=0.0)
+        context = combine((s.precise, w) for s, w in weighted)
+        last = scores[-1] if scores else weighted[-1][0]
+        if len(weighted) > 1 and context > last.precise:
+            # The conversation raises the last turn (context never lowers it).
+            logit, code = context, combine((s.code, w) for s, w in weighted)
+            decisive = max((s for s, _ in weighted), key=lambda s: s.precise)
+            note = (
+                f"; conversation ({len(scores)} user turns{', system' * bool(parts.system)}): "
+                f"last turn {last.p_precise:.3f}, with context {sigmoid(context):.3f}"
+            )
+        else:
+            logit, decisive = last.precise, last
+            code = None
+    else:
+        if not texts:
+            return Classification(TOLERANT, "tolerant: no text to classify", p_precise=0.0)
+        scores = [model.score(t) for t in texts]
+        best = max(range(len(scores)), key=lambda i: scores[i].precise)
+        decisive, logit, code = scores[best], scores[best].precise, None
+        if len(scores) > 1:
+            note = f"; {count} prompts, #{best + 1} decides"
+    return _model_verdict(logit, code, decisive, model, rule, note)
+
+
+def _model_verdict(
+    logit: float,
+    code: float | None,
+    decisive: TextScore,
+    model: PromptModel,
+    rule: ModelRule,
+    note: str,
+) -> Classification:
+    p = sigmoid(logit)
+    precise = p >= rule.threshold
+    top = " ".join(decisive.top(precise, rule.top_features))
+    why = f" ({model.label}: {top})" if top else f" ({model.label})"
+    if not precise:
+        reason = f"tolerant: p(precise) {p:.3f} < {rule.threshold:g}{why}{note}"
+        return Classification(TOLERANT, _ascii(reason), p_precise=p)
+    code_logit = decisive.code if code is None else code
+    cls = CODE if code_logit >= 0 else MATH
+    reason = (
+        f"{cls}: p(precise) {p:.3f} >= {rule.threshold:g}{why}; "
+        f"p(code) {sigmoid(code_logit):.2f}{note}"
+    )
+    return Classification(cls, _ascii(reason), p_precise=p)
 
 
 # --------------------------------------------------------------------------- request text

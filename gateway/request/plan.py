@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError
 from gateway.policy.schema import RoutingPolicy
-from gateway.request.classify import CompiledClasses, classify, content_texts, request_text
+from gateway.request.classify import CompiledClasses, classify_request, content_texts
 from gateway.request.limits import check_limits, check_prompt
 from gateway.request.router import (
     CONTEXT_LENGTH_EXCEEDED,
@@ -112,7 +112,7 @@ def assess(
     """Steps 1-3: count the prompt, classify it, apply the gateway-wide prompt limit."""
     input_tokens = count_prompt(body, path, counter)
     field, max_tokens = requested_max_tokens(body, path)
-    found = classify(request_text(body), input_tokens, rules)
+    found = classify_request(body, input_tokens, rules)
     gate = check_prompt(input_tokens, policy.limits)
     if gate is None:
         return Assessment(found.cls, found.reason, input_tokens, field, max_tokens)

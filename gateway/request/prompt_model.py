@@ -44,7 +44,6 @@ class Tables:
 
     words: Mapping[bytes, int]
     marks: Mapping[int, int]
-    extra: Mapping[str, int]
     keys: tuple[object, ...]  # row -> feature key
     precise: tuple[float, ...]
     code: tuple[float, ...]
@@ -66,13 +65,12 @@ class Tables:
             tables.append(weights)
         names = sorted(set(tables[0]) | set(tables[1]))
         keys = tuple(feature_key(n) for n in names)
-        index: dict[str, dict[object, int]] = {"w": {}, "c": {}, "x": {}}
+        index: dict[str, dict[object, int]] = {"w": {}, "c": {}}
         for row, (name, key) in enumerate(zip(names, keys, strict=True)):
             index[name.partition(":")[0]][key] = row
         return cls(
             words=index["w"],  # type: ignore[arg-type]
             marks=index["c"],  # type: ignore[arg-type]
-            extra=index["x"],  # type: ignore[arg-type]
             keys=keys,
             precise=tuple(float(tables[0].get(n, 0.0)) for n in names),
             code=tuple(float(tables[1].get(n, 0.0)) for n in names),
@@ -89,7 +87,6 @@ class Tables:
         marks = self.marks.keys() & found.marks
         if marks:
             rows.extend(map(self.marks.__getitem__, marks))
-        rows.extend(self.extra[n] for n in found.extra if n in self.extra)
         return rows
 
 
