@@ -10,7 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from classifier import evaluate
+ROOT = Path(__file__).resolve().parent.parent
+POLICY = ROOT / "policies" / "routing.yaml"
 
 
 def add_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,7 +29,7 @@ def add_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         type=Path,
         help="labeled JSONL files (default: the held-out set and the routing prompts)",
     )
-    ev.add_argument("--policy", type=Path, default=evaluate.POLICY, help="policy with a model")
+    ev.add_argument("--policy", type=Path, default=POLICY, help="policy with a model")
     ev.add_argument("--threshold", type=float, default=None, help="instead of the policy's")
     ev.add_argument("--misses", type=int, default=0, help="list this many misses per file")
     ev.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
@@ -36,6 +37,9 @@ def add_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def run(args: argparse.Namespace) -> int:
     if args.action == "evaluate":
+        # The gateway's classifier: the gateway environment's packages (not in the train env).
+        from classifier import evaluate
+
         files = args.files or [evaluate.HELDOUT, evaluate.ROUTING]
         missing = [f for f in files if not f.is_file()]
         if missing:

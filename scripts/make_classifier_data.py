@@ -32,6 +32,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import os
 import random
 import re
 import sys
@@ -112,6 +113,8 @@ def mathematics_dataset(rng: random.Random, per_module: int) -> Iterator[Row]:
                 yield name, value
 
     for name, module in flat(modules.train(lambda r: r)):
+        if name.endswith("_composed") or name == "polynomials__compose":
+            continue  # their output varies from run to run even with every seed fixed
         for _ in range(per_module):
             for _attempt in range(5):
                 try:
@@ -668,6 +671,12 @@ def _write(path: Path, rows: list[Row]) -> None:
 
 
 def main() -> int:
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        # mathematics-dataset iterates over sets of strings: fix the hash seed so that the
+        # same inputs give the same files.
+        os.execve(
+            sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONHASHSEED": "0"}
+        )
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--self-instruct", required=True, type=Path)
     parser.add_argument("--exercism", required=True, type=Path)
