@@ -630,6 +630,31 @@ TOLERANT_FREE = [
 ]  # fmt: skip
 
 
+# Short everyday turns (greetings, thanks, small talk, quick asks): most chat traffic, and the
+# shape the other tolerant sources have least of.
+SMALL_TALK_OPENERS = [
+    "Hi!", "Hello!", "Hey there.", "Good morning!", "Good evening.", "Thanks!", "Thank you so much.",
+    "Great, thanks.", "Ok.", "Sorry,", "Quick question:", "By the way,", "Honestly,", "",
+]  # fmt: skip
+SMALL_TALK = [
+    "How are you doing today?", "How are you?", "How was your weekend?", "What's up?",
+    "How's it going?", "That helped a lot.", "You're very helpful.", "Tell me a joke.",
+    "Tell me a fun fact.", "Can you recommend a good book?", "Can you recommend a movie for tonight?",
+    "What is the capital of France?", "What should I cook for dinner?", "I'm bored, any ideas?",
+    "What's your favourite color?", "Do you like music?", "Can you help me with something?",
+    "What do you think about cats?", "I had a long day at work.", "Wish me luck for my exam!",
+    "Any tips for sleeping better?", "What should I name my dog?", "Let's talk about travel.",
+    "Who painted the Mona Lisa?", "Is it going to rain tomorrow, do you think?",
+    "That's interesting, tell me more.", "I don't understand, can you explain it again?",
+    "Can you say that in simpler words?", "Never mind.", "See you later!", "Good night!",
+    "What are you up to?", "Nice to meet you.", "I'm feeling a bit sad today.",
+    "Give me a compliment.", "What's a good gift for my mom?", "Suggest a weekend activity.",
+    "Write a haiku about coffee.", "Make me laugh.", "What's the meaning of life?",
+    "Can you keep a secret?", "Which is better, tea or coffee?", "What time zone is Tokyo in?",
+    "How do I say thank you in Japanese?", "Recommend a podcast.", "What's a fun hobby to start?",
+]  # fmt: skip
+
+
 def written(rng: random.Random) -> Iterator[Row]:
     for _ in range(700):
         verb, thing, task = rng.choice(CODE_VERBS), rng.choice(CODE_THINGS), rng.choice(CODE_TASKS)
@@ -649,6 +674,9 @@ def written(rng: random.Random) -> Iterator[Row]:
         yield _row(form.format(t=topic), "tolerant", "written:tolerant-task")
     for text in TOLERANT_FREE:
         yield _row(text, "tolerant", "written:tolerant-question")
+    for opener in SMALL_TALK_OPENERS:
+        for text in SMALL_TALK:
+            yield _row(f"{opener} {text}".strip(), "tolerant", "written:small-talk")
 
 
 # ------------------------------------------------------------------------------ output

@@ -1,7 +1,7 @@
 """No pattern the repository ships takes more than linear time, checked two ways: the
 structural rule the policy loader enforces (gateway/policy/linear.py), and the clock: each
 pattern searched over 10 KB and 100 KB of adversarial text (its own literals repeated, the way
-the old quadratic ones were broken) may take at most ~2.5x the linear growth."""
+the old quadratic ones were broken) may take at most ~2.5x the linear growth (10x)."""
 
 from __future__ import annotations
 
@@ -64,16 +64,18 @@ def adversarial(size: int) -> list[str]:
     return [*texts, (mixed * (size // len(mixed) + 1))[:size]]
 
 
-def worst_time(regex: re.Pattern[str], texts: list[str]) -> float:
-    worst = 0.0
+def total_time(regex: re.Pattern[str], texts: list[str]) -> float:
+    """The search time over ``texts``, each the best of 7 runs (robust to a loaded machine),
+    and never below 100 us (so a ratio of two tiny times is not noise)."""
+    total = 0.0
     for text in texts:
         best = float("inf")
-        for _ in range(3):
+        for _ in range(7):
             started = time.perf_counter()
             regex.search(text)
             best = min(best, time.perf_counter() - started)
-        worst = max(worst, best)
-    return worst
+        total += best
+    return max(total, 1e-4)
 
 
 def test_the_shipped_files_have_patterns() -> None:
@@ -92,8 +94,8 @@ def test_every_shipped_pattern_passes_the_rule(name: str, pattern: str) -> None:
 def test_every_shipped_pattern_grows_linearly(name: str, pattern: str) -> None:
     regex = re.compile(pattern)
     small, large = adversarial(10_000), adversarial(100_000)
-    worst_time(regex, small)  # warm-up
-    ratio = worst_time(regex, large) / max(worst_time(regex, small), 2e-6)
+    total_time(regex, small)  # warm-up
+    ratio = total_time(regex, large) / total_time(regex, small)
     assert ratio < 25, f"{name}: 100 KB took {ratio:.0f}x the time of 10 KB"
 
 
@@ -104,8 +106,8 @@ def test_the_clock_catches_the_old_quadratic_patterns() -> None:
         r"function[ \t]*\w*[ \t]*\([^)\n]*\)[ \t]*\{",
     ):
         regex = re.compile(old)
-        small, large = adversarial(5_000), adversarial(50_000)
-        ratio = worst_time(regex, large) / max(worst_time(regex, small), 2e-6)
+        small, large = adversarial(2_000), adversarial(20_000)
+        ratio = total_time(regex, large) / total_time(regex, small)
         assert ratio > 40, old
         assert superlinear(old) is not None
 
