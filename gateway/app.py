@@ -180,10 +180,19 @@ def load_policies(config: GatewayConfig) -> PolicySource:
 
 def measured_figures(config: GatewayConfig) -> dict[str, TierFigures]:
     """The config's measured tiers as the route derivation takes them."""
-    return {
-        name: TierFigures(name, dict(m.quality), m.ttft_s, m.tpot_s, m.throughput_tok_s)
-        for name, m in config.measured.items()
-    }
+    classes = {t.name: t.classes for t in config.tiers}
+    out = {}
+    for name, m in config.measured.items():
+        admitted = classes.get(name)
+        out[name] = TierFigures(
+            name,
+            dict(m.quality),
+            m.ttft_s,
+            m.tpot_s,
+            m.throughput_tok_s,
+            frozenset(admitted) if admitted is not None else None,
+        )
+    return out
 
 
 def load_counter(config: GatewayConfig) -> PromptCounter:

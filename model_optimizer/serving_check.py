@@ -134,12 +134,19 @@ def admission_key(
 
 
 def variant_digest(folder: Path) -> str:
-    """The optimizer's digest of a variant (metadata.json ``input_key.digest``)."""
+    """What identifies a variant's weights: the optimizer's digest (metadata.json
+    ``input_key.digest``) and the bytes of each weights file (so a folder edited by hand is
+    judged again; about a second for SmolLM2's three variants)."""
+    digest = hashlib.sha256()
     try:
         meta = json.loads((folder / "metadata.json").read_text())
-        return str(meta["input_key"]["digest"])
+        digest.update(str(meta["input_key"]["digest"]).encode())
     except (OSError, ValueError, KeyError, TypeError):
-        return ""
+        digest.update(b"no metadata digest")
+    for file in sorted(folder.glob("*.safetensors")):
+        with file.open("rb") as fh:
+            digest.update(f"{file.name}:{hashlib.file_digest(fh, 'sha256').hexdigest()}".encode())
+    return digest.hexdigest()[:16]
 
 
 def cache_file(key: str) -> Path:

@@ -42,6 +42,7 @@ class TierFigures:
     ttft_s: float  # time to first token, one request alone
     tpot_s: float  # time per output token, one request alone
     throughput_tok_s: float  # output tokens per second at the calibration's concurrency
+    classes: frozenset[str] | None = None  # classes the admission check let it serve (None: all)
 
     def quality_for(self, cls: str) -> float | None:
         """The lowest agreement over the class's categories (``None``: not measured)."""
@@ -92,6 +93,9 @@ def derive_chain(
         tier = figures.get(name)
         if tier is None:
             reasons[name] = "not measured"
+            continue
+        if tier.classes is not None and cls not in tier.classes:
+            reasons[name] = f"not admitted for {cls} by the in-engine check"
             continue
         quality = 1.0 if name == reference else tier.quality_for(cls)
         if quality is None:

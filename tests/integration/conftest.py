@@ -162,7 +162,7 @@ def cli(*args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
     )
 
 
-def start_stack(log: Path, tiers: tuple[str, ...] = TIERS) -> Stack:
+def start_stack(log: Path, tiers: tuple[str, ...] = TIERS, extra: tuple[str, ...] = ()) -> Stack:
     """Start ``model-optimizer up`` on free loopback ports and wait until the gateway is ready.
 
     The gateway routes by a copy of policies/routing.yaml beside ``log`` (so a test may edit
@@ -172,7 +172,7 @@ def start_stack(log: Path, tiers: tuple[str, ...] = TIERS) -> Stack:
     policy = log.parent / "routing.yaml"
     policy.write_text((ROOT / "policies" / "routing.yaml").read_text())
     args = ["--port", str(gw_port), "--tier-port", str(base), "--tiers", ",".join(tiers)]
-    args += ["--policy", str(policy)]
+    args += ["--policy", str(policy), *extra]
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "model_optimizer.cli", "up", *args],

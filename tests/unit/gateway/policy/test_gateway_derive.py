@@ -146,3 +146,13 @@ def test_the_store_serves_derived_routes_and_shows_why(tmp_path: Path) -> None:
     path.write_text(POLICY.replace("floor: 0.6}", "floor: 0.9}"))
     assert store.reload() == "applied"
     assert store.active.policy.routes.tolerant.tiers == ["fp16"]
+
+
+def test_a_tier_not_admitted_for_the_class_is_left_out() -> None:
+    figures = {
+        "fp16": _tier("fp16", 1.0, 0.02),
+        "int8": TierFigures("int8", {"chat": 0.95}, 0.05, 0.01, 100, frozenset({"code"})),
+    }
+    derived = derive_chain("tolerant", ["int8", "fp16"], Goal(floor=0.6), figures, "fp16")
+    assert derived.chain == ("fp16",)
+    assert derived.reasons["int8"] == "not admitted for tolerant by the in-engine check"
