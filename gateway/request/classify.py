@@ -1,33 +1,41 @@
-"""The request classifier: prompt text + tokens → ``tolerant`` | ``code`` | ``math`` | ``long``.
+"""The request classifier: a request → ``tolerant`` | ``code`` | ``math`` | ``long``, with a reason.
 
-Pure and deterministic. The rules are the policy's ``classes`` section (gateway/policy/schema.py):
+Pure and deterministic. ``classify_request`` is the entry point (gateway/request/plan.py calls
+it); the policy's ``classes`` section (gateway/policy/schema.py) decides, in this order:
 
 1. ``long`` when the prompt has at least ``long.min_tokens`` tokens;
-2. else ``code`` and ``math`` each add up weighted signals (keywords, a task phrase, named
-   patterns; code also a fenced block, math also the density of numbers); a class whose score
-   reaches its threshold claims the request; when both do, the higher score wins, ``code`` on a
-   tie;
-3. else ``tolerant``.
+2. ``overrides`` with ``stage: before``: the first whose regex or keywords match forces its class;
+3. the trained model (``classes.model``, gateway/request/prompt_model.py): P(precise) at or above
+   the threshold is ``code`` or ``math`` (its code-vs-math regression tells which), below it
+   ``tolerant``; a chat's user turns are scored one by one and weighted toward the last, the
+   system messages count too, and the context can raise the last turn's probability, never lower
+   it; each prompt of a completions list is scored and the most precise decides;
+   or, in a policy without a model, the keyword rules (``classify`` below);
+4. ``overrides`` with ``stage: after``: a match replaces the class found.
 
-Patterns run code's first, then math's, and stop as soon as the ones left cannot change the
-class (their weights could not lift the loser past the winner). The reason names the signals
-found, e.g. ``code 5 >= 2: fenced block + 2 keywords (python, function)``; it is ASCII
-(anything else is escaped) so it can travel as a response header.
+What is read is bounded whatever the request's size (``classes.window``): the last
+``max_turns`` user messages and the leading system messages of a chat, the first ``max_prompts``
+prompts of a list (the rest as one text), and of each text a window of its first and last
+characters. The reason is ASCII (anything else is escaped) so it can travel as a header:
+``code: p(precise) 0.995 >= 0.14 (prompt-model v1: +python +program +that); p(code) 1.00``.
 
-Keywords and task words match ASCII letters case-insensitively, as whole words (punctuation
-counts as a space, except ``+`` and ``#``); a phrase's words must be separated by exactly one
-space, newline or punctuation character.
+The keyword rules (``classify``): ``code`` and ``math`` each add up weighted signals (keywords,
+a task phrase, named patterns; code also a fenced block, math also the density of numbers); a
+class whose score reaches its threshold claims the text; when both do, the higher score wins,
+``code`` on a tie; else ``tolerant``. Patterns run code's first, then math's, and stop as soon as
+the ones left cannot change the class. Keywords and task words match ASCII letters
+case-insensitively, as whole words (punctuation counts as a space, except ``+`` and ``#``); a
+phrase's words must be separated by exactly one space, newline or punctuation character.
 
 Speed (the issue asks for a median under 100 µs for a 1,000-token prompt):
-- the rules are compiled once per policy (``CompiledClasses.build``; the gateway's policy
-  store keeps the compiled form beside the policy it came from; passing a bare
-  ``ClassesPolicy`` compiles it on every call, which is for tests and one-off use);
+- the rules and the model are compiled once per policy (``CompiledClasses.build``; the
+  gateway's policy store keeps the compiled form beside the policy it came from; passing a bare
+  ``ClassesPolicy`` to ``classify`` compiles it on every call, which is for tests);
 - the text is encoded once; its words come from one ``bytes.translate`` + ``split``, and every
   keyword and task verb is found with one set intersection;
-- one more ``bytes.translate`` keeps the text's "marks" (punctuation, digits, non-ASCII);
-- each pattern carries the literals it cannot match without and runs only when they occur;
-  most are marks, looked up in the short marks string rather than in the text (the literal
-  pre-filter: gateway/request/prefilter.py).
+- each pattern carries the literals it cannot match without and runs only when they occur (the
+  literal pre-filter: gateway/request/prefilter.py); every pattern is linear-time
+  (gateway/policy/linear.py).
 """
 
 from __future__ import annotations

@@ -87,6 +87,7 @@ class Assessment:
     max_tokens_field: str  # "max_tokens" or "max_completion_tokens"
     max_tokens: int | None  # None: not given
     long_route: bool = False  # re-classed long because the prompt is over max_input_tokens
+    p_precise: float | None = None  # the classifier model's probability, when it decided
 
 
 def plan_request(
@@ -115,7 +116,9 @@ def assess(
     found = classify_request(body, input_tokens, rules)
     gate = check_prompt(input_tokens, policy.limits)
     if gate is None:
-        return Assessment(found.cls, found.reason, input_tokens, field, max_tokens)
+        return Assessment(
+            found.cls, found.reason, input_tokens, field, max_tokens, p_precise=found.p_precise
+        )
     if gate.action == "reject":
         raise _too_long(gate.message, found.cls, found.reason, path)
     reason = f"{found.reason}; {gate.message}"

@@ -10,7 +10,14 @@ from gateway.errors import APIError
 from gateway.policy.schema import RoutingPolicy, load_policy
 from gateway.request.classify import CompiledClasses
 from gateway.request.limits import TokenCounter
-from gateway.request.plan import ByteCounter, Plan, count_prompt, plan_request, route_headers
+from gateway.request.plan import (
+    ByteCounter,
+    Plan,
+    assess,
+    count_prompt,
+    plan_request,
+    route_headers,
+)
 from gateway.request.router import TierStatus
 from model_optimizer.envs import ROOT
 from tests.unit.gateway.request.tier_statuses import tier_statuses
@@ -178,3 +185,18 @@ def test_route_headers_are_ascii_and_bounded() -> None:
     assert headers["x-route-reason"].isascii()
     assert len(headers["x-route-reason"]) <= 400
     assert route_headers(None, None, "r") == {"x-route-reason": "r"}
+
+
+def test_the_assessment_carries_the_models_probability() -> None:
+    code = assess(
+        _chat("Write a Python function that sorts a list."), CHAT, SHIPPED, RULES, ByteCounter()
+    )
+    assert code.cls == "code" and code.p_precise is not None and code.p_precise > 0.5
+    lists = assess(
+        {"prompt": ["Tell me a joke", "Solve 3x + 5 = 20"]},
+        COMPLETIONS,
+        SHIPPED,
+        RULES,
+        ByteCounter(),
+    )
+    assert lists.cls == "math" and "2 prompts, #2 decides" in lists.reason
