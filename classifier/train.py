@@ -35,7 +35,7 @@ from common.prompt_features import features
 ROOT = Path(__file__).resolve().parent.parent
 FORMAT, FORMAT_VERSION = "model-optimizer/prompt-model", 1  # gateway/prompt_model.py reads it
 TRAIN = ROOT / "classifier" / "data" / "train.jsonl"
-HEAD_CHARS, TAIL_CHARS = 2048, 1024
+HEAD_CHARS, TAIL_CHARS = 1536, 512
 C_GRID = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 TARGET_RECALL = 0.98  # precise recall the suggested threshold keeps in cross-validation
 MIN_WEIGHT = 1e-3
@@ -206,7 +206,8 @@ def train(opts: Options, say: Any = print) -> dict[str, Any]:
         "code": code_weights,
     }
     opts.output.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(out, ensure_ascii=False, separators=(",", ":"), sort_keys=False)
+    # ASCII: a stem may end inside a UTF-8 sequence (kept as an escaped lone surrogate).
+    text = json.dumps(out, ensure_ascii=True, separators=(",", ":"), sort_keys=False)
     opts.output.write_text(text + "\n", encoding="utf-8")
     kept = len(precise_weights["weights"]), len(code_weights["weights"])
     say(

@@ -6,6 +6,8 @@ Standard library only. All features are binary (present or not) and read from a 
 
 - ``w:<word>``: the lowercased ASCII words (punctuation splits words, except ``+`` and ``#``,
   so ``c++`` and ``c#`` are words); non-ASCII bytes stay inside words;
+- ``w:<stem>``: the first five bytes of every word (``calcu`` for calculate, calculating,
+  calculation; a shorter word is its own stem), so a form the training never saw still counts;
 - ``c:<byte>``: each distinct byte that is neither an ASCII letter nor whitespace
   (punctuation, digits, the UTF-8 bytes of symbols such as ``≤``): what code and formulas are
   made of;
@@ -13,11 +15,14 @@ Standard library only. All features are binary (present or not) and read from a 
 Everything is a C-level pass over the window's bytes (``translate``, ``split``,
 ``frozenset``): linear in the window, with no regular expressions. (Adjacent word pairs were
 tried: no better in cross-validation, and they cost as much as everything else together; so
-were buckets of the number of words and of numbers: worse for tolerant prompts across sources.)
+were buckets of the number of words and of numbers: worse for tolerant prompts across sources.
+Stems were kept: tolerant recall at 98% precise recall 0.63 against 0.59 without them, in
+cross-validation over the training sources.)
 """
 
 from __future__ import annotations
 
+import operator
 import string
 from dataclasses import dataclass
 
@@ -26,6 +31,9 @@ _PUNCTUATION = set(string.punctuation.encode()) - set(b"+#")
 _SEPARATORS = _PUNCTUATION | set(string.whitespace.encode())
 _WORD_TABLE = bytes(32 if b in _SEPARATORS else b for b in range(256))
 _LETTERS_AND_SPACE = bytes(b for b in range(128) if chr(b).isalpha() or chr(b).isspace())
+
+
+_STEM = operator.itemgetter(slice(None, 5))  # a word's stem feature: its first five bytes
 
 
 def window(text: str, head: int, tail: int) -> str:
@@ -57,9 +65,9 @@ class Features:
 def features(text: str, head: int, tail: int) -> Features:
     """The features of ``text``'s window (see the module docstring)."""
     raw = window(text, head, tail).encode("utf-8", "surrogatepass").lower()
+    words = frozenset(raw.translate(_WORD_TABLE).split())
     return Features(
-        frozenset(raw.translate(_WORD_TABLE).split()),
-        frozenset(raw.translate(None, _LETTERS_AND_SPACE)),
+        words.union(map(_STEM, words)), frozenset(raw.translate(None, _LETTERS_AND_SPACE))
     )
 
 
@@ -74,7 +82,7 @@ def feature_key(name: str) -> bytes | int:
 
 
 def feature_name(key: object) -> str:
-    """How a feature reads in a reason: ``python``, ``'='``."""
+    """How a feature reads in a reason: ``python``, ``calcu`` (a stem), ``'='``."""
     if isinstance(key, bytes):
         return key.decode("utf-8", "replace")
     if isinstance(key, int):

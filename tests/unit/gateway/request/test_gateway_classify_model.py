@@ -65,14 +65,14 @@ def _chat(*turns: str, system: str | None = None) -> dict[str, Any]:
 
 
 def test_the_threshold_on_p_precise_decides(tmp_path: Path) -> None:
-    body = _chat("tell me about python")  # logit -2 + 6/sqrt(4) = 1: p = 0.731
-    below, above = _rules(tmp_path, threshold=0.73), _rules(tmp_path, threshold=0.74)
+    body = _chat("tell me about python")  # 4 words + the stem pytho: -2 + 6/sqrt(5): p = 0.664
+    below, above = _rules(tmp_path, threshold=0.66), _rules(tmp_path, threshold=0.67)
     found = classify_request(body, 10, below)
-    assert found.cls == CODE and found.p_precise == pytest.approx(0.731, abs=1e-3)
-    assert found.reason.startswith("code: p(precise) 0.731 >= 0.73 (tiny v1: +python)")
+    assert found.cls == CODE and found.p_precise == pytest.approx(0.664, abs=1e-3)
+    assert found.reason.startswith("code: p(precise) 0.664 >= 0.66 (tiny v1: +python)")
     assert "p(code)" in found.reason
     kept = classify_request(body, 10, above)
-    assert kept.cls == TOLERANT and kept.reason.startswith("tolerant: p(precise) 0.731 < 0.74")
+    assert kept.cls == TOLERANT and kept.reason.startswith("tolerant: p(precise) 0.664 < 0.67")
 
 
 def test_code_or_math_comes_from_the_second_regression(tmp_path: Path) -> None:
