@@ -24,10 +24,18 @@ case "${1:-}" in
     case "${1:-}" in
       tests/optimize*) OMP_WAIT_POLICY=PASSIVE exec "$OPT/bin/python" -m pytest "$@" ;;
       -*|"")
-        "$GW/bin/python" -m pytest --ignore=tests/optimize "$@"
+        # Two phases, each timed (the ten slowest tests of each are listed too).
+        # Both phases run even when the first fails; the exit code is the first failure's.
+        t0=$(date +%s); rc=0; rc2=0
+        "$GW/bin/python" -m pytest --ignore=tests/optimize --durations=10 "$@" || rc=$?
+        echo "test: unit + integration (gateway env) took $(( $(date +%s) - t0 ))s"
         if [ -d tests/optimize ] && ls tests/optimize/test_*.py >/dev/null 2>&1; then
-          OMP_WAIT_POLICY=PASSIVE exec "$OPT/bin/python" -m pytest tests/optimize "$@"
-        fi ;;
+          t0=$(date +%s)
+          OMP_WAIT_POLICY=PASSIVE "$OPT/bin/python" -m pytest tests/optimize --durations=5 "$@" \
+            || rc2=$?
+          echo "test: tests/optimize (optimize env) took $(( $(date +%s) - t0 ))s"
+        fi
+        exit $(( rc != 0 ? rc : rc2 )) ;;
       *) exec "$GW/bin/python" -m pytest "$@" ;;
     esac ;;
   check)

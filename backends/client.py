@@ -72,8 +72,12 @@ class TierClient:
         model: str | None = None,
         timeout: float = 10.0,
         generate_timeout: float = 120.0,
+        api_key: str | None = None,
     ) -> None:
+        """``api_key``: the tier guard's key (backends/tier_guard.py), sent on every call; the
+        control routes (resets, sleep, /server_info) answer 401 without it."""
         self.base_url = base_url.rstrip("/")
+        self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = client
         self._model = model
         self._timeout = timeout
@@ -251,7 +255,9 @@ class TierClient:
         """The one place httpx errors become ``TierClientError``."""
         url = f"{self.base_url}{path}"
         try:
-            return await self._client.request(method, url, timeout=timeout, **kwargs)
+            return await self._client.request(
+                method, url, timeout=timeout, headers=self._headers, **kwargs
+            )
         except httpx.TimeoutException as exc:
             raise TierClientError(f"{method} {url}: no answer within {timeout:g}s") from exc
         except httpx.ConnectError as exc:
@@ -267,7 +273,12 @@ class TierClient:
         if dev and response.status_code == 404:
             raise TierClientError(
                 f"{where}: endpoint absent (404); start the tier with VLLM_SERVER_DEV_MODE=1 "
-                "(loopback only: these endpoints have no auth)"
+                "(behind the tier guard: vLLM puts no key on these endpoints)"
+            )
+        if response.status_code == 401:
+            raise TierClientError(
+                f"{where}: HTTP 401: the tier guard wants the tier's key (MO_TIER_API_KEY, "
+                "TierEndpoint.api_key)"
             )
         body = " ".join(response.text.split())[:200]
         raise TierClientError(f"{where}: HTTP {response.status_code}: {body}")

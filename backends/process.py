@@ -43,6 +43,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+LOGS_KEPT = 3  # previous logs of a tier kept beside the current one: tier-x.log.1 (newest) ...
+
+
+def rotate_log(log: Path, keep: int = LOGS_KEPT) -> None:
+    """Move ``log`` to ``log.1`` (``.1`` to ``.2`` ..., the oldest beyond ``keep`` dropped), so
+    a restart does not truncate the log of the crash that caused it."""
+    if not log.exists():
+        return
+    for back in range(keep, 0, -1):
+        older = log.with_name(f"{log.name}.{back - 1}") if back > 1 else log
+        if older.exists():
+            older.replace(log.with_name(f"{log.name}.{back}"))
+
+
 def _last_error_line(log: Path) -> str:
     """The most telling line of a dead server's log: its last error, else its last line."""
     try:
@@ -70,9 +84,11 @@ class TierProcess:
         return f"http://{self.launch.host}:{self.launch.port}"
 
     def start(self) -> None:
-        """Spawn the server in its own process group (so ``stop`` reaches its workers)."""
+        """Spawn the server in its own process group (so ``stop`` reaches its workers); the
+        previous log is kept (``rotate_log``)."""
         check_port_free(self.launch.host, self.launch.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        rotate_log(self.log_path)
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 build_argv(self.python, self.launch),

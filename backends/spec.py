@@ -55,11 +55,16 @@ class SpecError(OperatorYamlError):
 
 
 class RestartPolicy(Section):
-    """How the supervisor restarts a crashed tier: exponential backoff, then give up."""
+    """How the supervisor restarts a crashed tier: exponential backoff, at most
+    ``max_restarts`` restarts in any ``window_s`` seconds."""
 
     max_restarts: NonNegativeInt = 5
     backoff_initial_s: Seconds = 2.0
     backoff_max_s: Seconds = 60.0
+    window_s: Seconds = 600.0
+    health_interval_s: Seconds = 5.0
+    health_timeout_s: Seconds = 5.0
+    health_misses: PositiveInt = 3
 
 
 class TierSpec(Section):
@@ -76,6 +81,9 @@ class TierSpec(Section):
     max_num_batched_tokens: PositiveInt | None = None
     kv_cache_dtype: KVCacheDtype | None = None
     compile_level: int | None = Field(default=None, strict=True, ge=0, le=3)
+    # cuda: start with --enable-sleep-mode, so KV resets sleep and wake the tier. Ignored on
+    # CPU (vLLM refuses the flag there; resets drop the prefix cache instead).
+    sleep_mode: bool = Field(default=True, strict=True)
 
     @field_validator("cpu_threads", mode="before")
     @classmethod
@@ -370,6 +378,7 @@ def _plan_tier(
         gpu_memory_utilization=tier.gpu_memory_utilization if device == "cuda" else None,
         kv_cache_dtype=None if dtype == "auto" else dtype,
         cpu_threads=threads,
+        sleep_mode=tier.sleep_mode and device == "cuda",
         # vLLM's -O<n> is its optimization level (0 = no compile); CPU is always eager.
         extra_args=(f"-O{level}",) if device == "cuda" and level is not None else (),
     )

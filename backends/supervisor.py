@@ -1,19 +1,24 @@
 """Keep the tiers running: start them in turn, warm them up, restart a crashed one with backoff.
 
-Decisions are pure (``restart_delay``, ``next_step``); ``Supervisor`` does the I/O. Each
-tier's ``TierState`` (backends/tier_state.py) is published through a callback and ``states()``,
-so the gateway routes only to ready tiers. ``stop_all`` stops the monitor first, then every
-tier's whole process group: no orphans.
+Decisions are pure (``restart_delay``, ``recent_restarts``, ``next_step``); ``Supervisor`` does
+the I/O, one watching thread per tier, so a tier's slow restart holds up no other tier (on a
+GPU only the starts themselves take turns: vLLM's memory profiling breaks when two servers
+start at once). Each tier's ``TierState`` (backends/tier_state.py) is published through a
+callback and ``states()``, so the gateway routes only to ready tiers. ``stop_all`` stops the
+watchers first, then every tier's whole process group: no orphans.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
 
 from backends.process import TierProcess, TierStartError
 from backends.tier_state import TierState
@@ -24,9 +29,18 @@ log = logging.getLogger("model_optimizer.supervisor")
 
 @dataclass(frozen=True)
 class RestartPolicy:
+    """At most ``max_restarts`` restarts of a tier in any ``window_s`` seconds, each after an
+    exponential backoff that counts only the restarts in that window. A serving tier whose
+    process lives but whose ``/health`` misses ``health_misses`` probes in a row (one every
+    ``health_interval_s``, each given ``health_timeout_s``) is hung: killed and restarted."""
+
     max_restarts: int = 5
     backoff_initial_s: float = 2.0
     backoff_max_s: float = 60.0
+    window_s: float = 600.0
+    health_interval_s: float = 5.0
+    health_timeout_s: float = 5.0
+    health_misses: int = 3
 
 
 @dataclass
@@ -36,33 +50,65 @@ class TierRecord:
     launch: TierLaunch
     process: TierProcess
     state: TierState = TierState.DOWN
-    restarts: int = 0
+    restarts: int = 0  # in its lifetime (reported); the cap counts restart_times in the window
+    restart_times: list[float] = field(default_factory=list)  # time.monotonic() of each
+    misses: int = 0  # /health probes missed in a row while serving
+    next_probe: float = 0.0
     down_since: float | None = None
     last_error: str = ""
     history: list[str] = field(default_factory=list)
+    # Held while the tier is being started, restarted or replaced: its watcher skips a turn.
+    busy: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
 def restart_delay(restarts: int, policy: RestartPolicy) -> float:
-    """Exponential backoff: initial × 2^restarts, capped."""
+    """Exponential backoff: initial × 2^restarts (those in the window), capped."""
     return float(min(policy.backoff_max_s, policy.backoff_initial_s * (2**restarts)))
 
 
+def recent_restarts(times: list[float], now: float, policy: RestartPolicy) -> int:
+    """How many of the restarts at ``times`` fall in the last ``window_s`` seconds."""
+    return sum(1 for t in times if now - t < policy.window_s)
+
+
+SERVING = (TierState.READY, TierState.DRAINING, TierState.RESETTING)
+
+
 def next_step(
-    record_state: TierState, alive: bool, restarts: int, down_for: float, policy: RestartPolicy
+    record_state: TierState,
+    alive: bool,
+    recent: int,
+    down_for: float,
+    policy: RestartPolicy,
+    misses: int = 0,
 ) -> str:
-    """What to do with a tier now: ``nothing``, ``mark_down``, ``restart`` or ``give_up``."""
-    if record_state in (TierState.READY, TierState.DRAINING, TierState.RESETTING) and not alive:
+    """What to do with a tier now: ``nothing``, ``mark_down`` (its process died), ``hung`` (it
+    lives but missed ``misses`` health probes in a row), ``restart`` or ``capped`` (its
+    ``recent`` restarts, those in the window, reached the cap: wait until one leaves it)."""
+    if record_state in SERVING and not alive:
         return "mark_down"
+    if record_state in SERVING and misses >= policy.health_misses:
+        return "hung"
     if record_state is TierState.DOWN and not alive:
-        if restarts >= policy.max_restarts:
-            return "give_up"
-        if down_for >= restart_delay(restarts, policy):
+        if recent >= policy.max_restarts:
+            return "capped"
+        if down_for >= restart_delay(recent, policy):
             return "restart"
     return "nothing"
 
 
 StateListener = Callable[[str, TierState], None]
 WarmUp = Callable[[TierLaunch], None]
+Probe = Callable[[TierLaunch, float], bool]
+
+
+def probe_health(launch: TierLaunch, timeout: float) -> bool:
+    """True when the tier's ``/health`` answers 200 within ``timeout`` seconds."""
+    try:
+        url = f"http://{launch.host}:{launch.port}/health"
+        return httpx.get(url, timeout=timeout, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 class Supervisor:
@@ -77,8 +123,10 @@ class Supervisor:
         warm_up: WarmUp | None = None,
         on_state: StateListener | None = None,
         start_timeout: float = 300.0,
+        probe: Probe = probe_health,
     ) -> None:
         self.policy = policy or RestartPolicy()
+        self._probe = probe
         self.records = {
             launch.name: TierRecord(
                 launch, TierProcess(launch, python, log_dir / f"tier-{launch.name}.log")
@@ -90,7 +138,8 @@ class Supervisor:
         self._start_timeout = start_timeout
         self._stop = threading.Event()
         self._lock = threading.RLock()
-        self._monitor: threading.Thread | None = None
+        self._start_turn = threading.Lock()  # GPU tiers start one at a time
+        self._watchers: list[threading.Thread] = []
 
     # -- state -------------------------------------------------------------------------------
     def states(self) -> dict[str, TierState]:
@@ -123,8 +172,12 @@ class Supervisor:
         """Start every tier in turn, each healthy and warm before the next (GPU profiling)."""
         for name in self.records:
             self._start_one(name, on_tick)
-        self._monitor = threading.Thread(target=self._watch, name="tier-supervisor", daemon=True)
-        self._monitor.start()
+        for name in self.records:
+            watcher = threading.Thread(
+                target=self._watch, args=(name,), name=f"tier-supervisor-{name}", daemon=True
+            )
+            self._watchers.append(watcher)
+            watcher.start()
 
     def _start_one(self, name: str, on_tick: Callable[[str, float], None] | None = None) -> None:
         record = self.records[name]
@@ -132,9 +185,11 @@ class Supervisor:
             return
         self.set_state(name, TierState.STARTING)
         tick = (lambda elapsed: on_tick(name, elapsed)) if on_tick else None
+        turn = self._start_turn if record.launch.device == "cuda" else contextlib.nullcontext()
         try:
-            record.process.start()
-            record.process.wait_ready(self._start_timeout, on_tick=tick)
+            with turn:
+                record.process.start()
+                record.process.wait_ready(self._start_timeout, on_tick=tick)
             if self._warm_up:
                 self._warm_up(record.launch)
         except Exception as exc:
@@ -147,42 +202,76 @@ class Supervisor:
     def replace(self, name: str, launch: TierLaunch) -> None:
         """Serve tier ``name`` from ``launch`` instead (e.g. an emulated copy the admission check
         asked for): stop its process, start the new one, healthy and warm (raises like
-        ``start_all``). The restart count is kept."""
-        with self._lock:
-            record = self.records[name]
-            record.process.stop()
-            self.set_state(name, TierState.DOWN, "replaced")
-            record.launch = launch
-            record.process = TierProcess(launch, record.process.python, record.process.log_path)
-        self._start_one(name)
+        ``start_all``). The restart count is kept; a restart in progress finishes first."""
+        record = self.records[name]
+        with record.busy:
+            with self._lock:
+                record.process.stop()
+                self.set_state(name, TierState.DOWN, "replaced")
+                record.launch = launch
+                record.process = TierProcess(launch, record.process.python, record.process.log_path)
+            self._start_one(name)
 
     # -- supervision -------------------------------------------------------------------------
-    def _watch(self, interval: float = 1.0) -> None:
+    def _watch(self, name: str, interval: float = 1.0) -> None:
+        """One tier's watcher: its restarts block only itself."""
+        record = self.records[name]
         while not self._stop.wait(interval):
-            for name in list(self.records):
-                if self._stop.is_set():
-                    return
+            if not record.busy.acquire(blocking=False):
+                continue  # being replaced
+            try:
                 self._supervise(name)
+            finally:
+                record.busy.release()
 
     def _supervise(self, name: str) -> None:
         record = self.records[name]
-        down_for = time.monotonic() - record.down_since if record.down_since else 0.0
-        step = next_step(
-            record.state, record.process.alive(), record.restarts, down_for, self.policy
-        )
+        now = time.monotonic()
+        alive = record.process.alive()
+        if record.state not in SERVING or not alive:
+            record.misses = 0
+        elif now >= record.next_probe:
+            healthy = self._probe(record.launch, self.policy.health_timeout_s)
+            record.misses = 0 if healthy else record.misses + 1
+            record.next_probe = time.monotonic() + self.policy.health_interval_s
+        down_for = now - record.down_since if record.down_since else 0.0
+        recent = recent_restarts(record.restart_times, now, self.policy)
+        step = next_step(record.state, alive, recent, down_for, self.policy, record.misses)
         if step == "mark_down":
             code = record.process.process.returncode if record.process.process else None
             record.process.stop(grace=5)  # reap its workers too
             self.set_state(name, TierState.DOWN, f"exited with {code}")
+        elif step == "hung":
+            note = (
+                f"hung: /health missed {record.misses} probes in a row "
+                f"({self.policy.health_timeout_s:g}s each); killed"
+            )
+            record.misses = 0
+            record.last_error = note
+            record.process.stop(grace=5)  # SIGTERM, then SIGKILL to its whole group
+            self.set_state(name, TierState.DOWN, note)
         elif step == "restart":
             record.restarts += 1
-            log.warning("tier %s: restart %d/%d", name, record.restarts, self.policy.max_restarts)
+            record.restart_times = [
+                t for t in record.restart_times if now - t < self.policy.window_s
+            ]
+            record.restart_times.append(now)
+            log.warning(
+                "tier %s: restart (%d in the last %gs, at most %d)",
+                name,
+                len(record.restart_times),
+                self.policy.window_s,
+                self.policy.max_restarts,
+            )
             try:
                 self._start_one(name)
             except (TierStartError, OSError, RuntimeError) as exc:
                 log.error("tier %s: restart failed: %s", name, exc)
-        elif step == "give_up" and "gave up" not in record.last_error:
-            record.last_error = f"gave up after {record.restarts} restarts"
+        elif step == "capped" and not record.last_error.startswith("restart cap"):
+            record.last_error = (
+                f"restart cap: {recent} restarts in the last {self.policy.window_s:g}s; the "
+                "next waits until the oldest leaves that window"
+            )
             log.error("tier %s: %s", name, record.last_error)
 
     # -- stop --------------------------------------------------------------------------------
@@ -192,8 +281,10 @@ class Supervisor:
         # Stop the processes first: a restart in progress then fails fast instead of waiting.
         for record in self.records.values():
             record.process.stop()
-        if self._monitor and self._monitor is not threading.current_thread():
-            self._monitor.join(timeout=60)
+        deadline = time.monotonic() + 60
+        for watcher in self._watchers:
+            if watcher is not threading.current_thread():
+                watcher.join(timeout=max(0.0, deadline - time.monotonic()))
         for name, record in self.records.items():
             record.process.stop()  # anything the monitor started meanwhile
             self.set_state(name, TierState.DOWN, "stopped")

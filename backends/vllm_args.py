@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
+# The checkout holding backends/: vLLM imports the tier guard (backends/tier_guard.py) from it.
+SOURCE_ROOT = Path(__file__).resolve().parents[1]
+GUARD = "backends.tier_guard.TierGuard"
+GUARD_KEY_ENV = "MO_TIER_API_KEY"  # backends/tier_guard.py reads it
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,12 @@ class TierLaunch:
     kv_cache_dtype: str | None = None
     dtype: str | None = None  # --dtype (None: the variant's own)
     cpu_threads: str | None = None  # e.g. "0-1": VLLM_CPU_OMP_THREADS_BIND
+    # --enable-sleep-mode, so a KV reset can sleep (level 1) and wake the tier; cuda only
+    # (vLLM refuses the flag on CPU, where resets drop the prefix cache instead).
+    sleep_mode: bool = False
+    # The tier guard's key (backends/tier_guard.py): passed in the environment, never in argv,
+    # and kept out of repr. None: the guarded routes answer 401 to everyone.
+    api_key: str | None = field(default=None, repr=False)
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -34,7 +45,8 @@ def build_argv(python: Path, launch: TierLaunch) -> list[str]:
 
     ``python -m vllm.entrypoints.openai.api_server`` because vllm-cpu's ``vllm`` console script
     fails (it asks package metadata for "vllm"). ``--enforce-eager`` on CPU always: the compiled
-    CPU path answers SmolLM2 with wrong tokens (measured, see ARCHITECTURE.md).
+    CPU path answers SmolLM2 with wrong tokens (measured, see ARCHITECTURE.md). Every tier loads
+    the tier guard (``--middleware``): a key on the routes vLLM's own ``--api-key`` leaves open.
     """
     argv = [
         str(python),
@@ -53,6 +65,8 @@ def build_argv(python: Path, launch: TierLaunch) -> list[str]:
         "--max-num-seqs",
         str(launch.max_num_seqs),
         "--disable-uvicorn-access-log",
+        "--middleware",
+        GUARD,
     ]
     if launch.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(launch.max_num_batched_tokens)]
@@ -62,6 +76,8 @@ def build_argv(python: Path, launch: TierLaunch) -> list[str]:
         argv += ["--gpu-memory-utilization", str(launch.gpu_memory_utilization)]
     else:
         argv += ["--kv-cache-memory-bytes", str(launch.kv_cache_memory_bytes)]
+    if launch.device == "cuda" and launch.sleep_mode:
+        argv.append("--enable-sleep-mode")
     if launch.kv_cache_dtype:
         argv += ["--kv-cache-dtype", launch.kv_cache_dtype]
     if launch.dtype:
@@ -69,9 +85,21 @@ def build_argv(python: Path, launch: TierLaunch) -> list[str]:
     return [*argv, *launch.extra_args]
 
 
+# Environment variables a tier never inherits: the gateway's plain API and admin keys
+# (MO_GATEWAY_API_KEYS, MO_GATEWAY_ADMIN_KEYS, ...) are the gateway's alone; the guard's key
+# is the launch's own; VLLM_API_KEY would put a key the gateway does not send on /v1.
+PRIVATE_PREFIXES = ("MO_GATEWAY_", GUARD_KEY_ENV, "VLLM_API_KEY")
+
+
 def build_env(launch: TierLaunch, base: dict[str, str]) -> dict[str, str]:
-    """The server's environment: offline, dev endpoints on (loopback only), no KV override."""
-    env = dict(base)
+    """The server's environment: offline, dev endpoints on (behind the tier guard), no KV
+    override, none of the gateway's keys, the guard's key and import path."""
+    env = {name: value for name, value in base.items() if not name.startswith(PRIVATE_PREFIXES)}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(SOURCE_ROOT), *([base["PYTHONPATH"]] if base.get("PYTHONPATH") else [])]
+    )
+    if launch.api_key:
+        env[GUARD_KEY_ENV] = launch.api_key
     # VLLM_CPU_KVCACHE_SPACE would override --kv-cache-memory-bytes.
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     env.update(
@@ -80,8 +108,8 @@ def build_env(launch: TierLaunch, base: dict[str, str]) -> dict[str, str]:
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
-            # /reset_prefix_cache and friends exist only in dev mode; they have no auth,
-            # which is why tiers never listen beyond loopback.
+            # /reset_prefix_cache and friends exist only in dev mode; vLLM puts no key on
+            # them: the tier guard (backends/tier_guard.py) does, and tiers stay on loopback.
             "VLLM_SERVER_DEV_MODE": "1",
             "PYTHONUNBUFFERED": "1",
         }

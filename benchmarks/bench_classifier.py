@@ -145,7 +145,8 @@ def bench_time(
             }
             if per_pattern and rules.model is None:
                 scan = Scan.of(rules.window(text))
-                for matcher in (rules.fence, *rules.code_patterns, *rules.math_patterns):
+                keywords = rules.keywords
+                for matcher in (keywords.fence, *keywords.code_patterns, *keywords.math_patterns):
                     cost, _ = time_calls(
                         lambda m=matcher, s=scan: m.search(s), max(runs // 20, 200)
                     )

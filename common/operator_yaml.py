@@ -87,11 +87,16 @@ def compose_yaml(
 ) -> tuple[yaml.Node | None, Any]:
     """Parse YAML into its node tree (for error lines) and its data.
 
-    Syntax errors and duplicate keys raise ``error`` with one line: ``source:line: ...``.
+    Syntax errors, duplicate keys and nesting too deep for PyYAML's recursive composer raise
+    ``error`` with one line: ``source:line: ...``.
     """
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
+        if root is not None:
+            _reject_duplicate_keys(root, (), source, error)
+    except RecursionError:
+        raise error(f"{source}:1: invalid YAML: nested too deeply") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 1
@@ -99,8 +104,6 @@ def compose_yaml(
         raise error(f"{source}:{line}: invalid YAML: {problem}") from None
     except yaml.YAMLError as exc:
         raise error(f"{source}:1: invalid YAML: {' '.join(str(exc).split())}") from None
-    if root is not None:
-        _reject_duplicate_keys(root, (), source, error)
     return root, data
 
 

@@ -1,14 +1,30 @@
-"""``python -m gateway --config gateway.yaml [--host 127.0.0.1] [--port 8000]``."""
+"""``python -m gateway --config gateway.yaml [--host 127.0.0.1] [--port 8000]``.
+
+Bound beyond loopback (``--host 0.0.0.0``, an address, a name), the gateway refuses to start
+without API keys (``MO_GATEWAY_API_KEYS``, or ``api_key_hashes`` in the config): an open
+endpoint on the network is never a default.
+"""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import sys
 
 from gateway.app import load_counter, load_policies, serve
-from gateway.config import ConfigError, keys_from_environment, load_config
+from gateway.config import API_KEYS_ENV, ConfigError, keys_from_environment, load_config
 from gateway.policy.schema import PolicyError
 from gateway.request.limits import TokenizerError
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost`` or a loopback address (127.0.0.0/8, ::1); anything else reaches beyond."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,6 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = keys_from_environment(load_config(args.config))
+        if not is_loopback(args.host) and not config.api_key_hashes:
+            raise ConfigError(
+                f"--host {args.host} listens beyond loopback: set {API_KEYS_ENV} (comma "
+                "separated keys) or api_key_hashes in the config; the gateway does not serve "
+                "an open endpoint"
+            )
         load_policies(config)  # a bad policy or tokenizer stops the gateway here, in one line
         load_counter(config)
     except (ConfigError, PolicyError, TokenizerError) as exc:

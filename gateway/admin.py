@@ -72,11 +72,26 @@ async def reset_now(request: Request) -> Response:
     return JSONResponse({"queued": tier}, status_code=202)
 
 
+async def restore_tier(request: Request) -> Response:
+    """Put a tier the live guard withheld back in its classes (after a fresh in-engine check:
+    ``model-optimizer check --serving``)."""
+    runtime = get_runtime(request)
+    tier = request.path_params["tier"]
+    if tier not in runtime.board.tiers:
+        raise APIError(
+            404,
+            f"unknown tier {tier!r} (this gateway has {', '.join(runtime.board.tiers)})",
+            code="unknown_tier",
+        )
+    return JSONResponse({"tier": tier, "restored": runtime.board.guard.restore(tier)})
+
+
 def admin_routes() -> list[Route]:
     return [
         Route("/admin/policy", policy_status, methods=["GET"]),
         Route("/admin/policy/reload", policy_reload, methods=["POST"]),
         Route("/admin/tiers", tiers, methods=["GET"]),
+        Route("/admin/tiers/{tier}/restore", restore_tier, methods=["POST"]),
         Route("/admin/resets", resets, methods=["GET"]),
         Route("/admin/resets/{tier}", reset_now, methods=["POST"]),
     ]

@@ -2,14 +2,17 @@
 
 Building the app does no I/O. Its lifespan loads the routing policy and the tokenizer, opens
 the one shared ``httpx.AsyncClient`` and the shared state (Redis), scrapes every tier once, then
-keeps scraping and watching the policy file in the background until shutdown.
+keeps scraping and watching the policy file in the background until shutdown. Each background
+loop runs under ``keep_running``: an exception is logged, counted and the loop starts again, so
+no bad value or bug in one of them can end the lifespan (and with it the runtime).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 
 import anyio
 import httpx
@@ -49,11 +52,13 @@ from gateway.runtime import (
     default_policy,
     get_runtime,
 )
+from gateway.server import server_options
 from gateway.shared.leader import LeaderLock
 from gateway.shared.state import SharedRecords, SharedState
 from gateway.telemetry import build_tracer_provider, instrument_asgi, shutdown
 
 logger = logging.getLogger(__name__)
+MAX_RESTART_DELAY = 30.0  # seconds: the longest wait before a failing background loop restarts
 
 
 def create_app(
@@ -110,10 +115,16 @@ def create_app(
             app.state.runtime, app.state.resets = runtime, coordinator
             try:
                 async with anyio.create_task_group() as group:
-                    group.start_soon(scrape_forever, runtime)
-                    group.start_soon(coordinator.run)
+                    group.start_soon(
+                        partial(keep_running, delay=config.metrics_interval),
+                        "scrape",
+                        partial(scrape_forever, runtime),
+                        metrics,
+                    )
+                    group.start_soon(keep_running, "resets", coordinator.run, metrics)
                     if isinstance(policies, PolicyStore) and config.watch_policy:
-                        group.start_soon(policies.watch, metrics.policy_reload)
+                        watch = partial(policies.watch, metrics.policy_reload)
+                        group.start_soon(keep_running, "policy_watch", watch, metrics)
                     runtime.shadow.attach(group)  # comparisons end with the lifespan
                     try:
                         yield
@@ -147,6 +158,7 @@ def create_app(
             api_key_hashes=config.api_key_hashes,
             admin_key_hashes=config.admin_key_hashes,
             rate_limit_per_minute=config.rate_limit_per_minute,
+            admin_rate_limit_per_minute=config.admin_rate_limit_per_minute,
             shared=current_shared,
             on_reject=metrics.reject,
         ),
@@ -226,6 +238,32 @@ async def scrape_all(runtime: Runtime) -> None:
     await runtime.shared.put_tier_health(states, ttl=3 * runtime.config.metrics_interval)
 
 
+async def keep_running(
+    name: str,
+    loop: Callable[[], Awaitable[None]],
+    metrics: GatewayMetrics,
+    *,
+    delay: float = 1.0,
+) -> None:
+    """Run a background ``loop`` until cancelled, whatever it raises: each exception is logged
+    with its traceback, counted in ``gateway_background_errors_total{loop=name}``, and the loop
+    starts again after ``delay`` seconds (doubled after each failure in a row, at most
+    ``MAX_RESTART_DELAY``; back to ``delay`` once it has run that long without failing)."""
+    wait = delay
+    while True:
+        started = anyio.current_time()
+        try:
+            await loop()
+            logger.warning("background loop %s returned; starting it again", name)
+        except Exception:
+            metrics.background_error(name)
+            logger.exception("background loop %s failed; starting it again in %.2g s", name, wait)
+        if anyio.current_time() - started >= MAX_RESTART_DELAY:
+            wait = delay
+        await anyio.sleep(wait)
+        wait = min(wait * 2, MAX_RESTART_DELAY)
+
+
 async def scrape_forever(runtime: Runtime) -> None:
     """Scrape every ``metrics_interval`` seconds until cancelled."""
     while True:
@@ -258,5 +296,13 @@ async def openapi_endpoint(request: Request) -> Response:
 def serve(
     config: GatewayConfig, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info"
 ) -> None:
-    """Run the gateway with uvicorn until interrupted (binds loopback unless told otherwise)."""
-    uvicorn.run(create_app(config), host=host, port=port, log_level=log_level, lifespan="on")
+    """Run the gateway with uvicorn until interrupted (binds loopback unless told otherwise),
+    with the gateway's connection limits (gateway/server.py)."""
+    uvicorn.run(
+        create_app(config),
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        **server_options(config),
+    )

@@ -1,14 +1,21 @@
 """API keys and per-key rate limits, as pure ASGI middleware (streaming passes through).
 
 - ``/v1/...``: when ``api_key_hashes`` is set, a request needs ``Authorization: Bearer <key>``
-  whose sha256 is one of them (401 ``invalid_api_key`` otherwise). With a per-minute rate
-  limit, each key (or each client address when no keys are set) gets that many requests per
-  60 s across all replicas (gateway/shared/state.py); over it: 429 with ``Retry-After``.
+  whose sha256 is one of them or an admin key's (401 ``invalid_api_key`` otherwise). A request
+  sending an admin key is told everything in errors and route headers (gateway/errors.py).
+  With a per-minute rate limit, each key (or each client address when no keys are set) gets
+  that many units per 60 s across all replicas (gateway/shared/state.py); over it: 429 with
+  ``Retry-After``. A request takes one unit here; a completion that generates several
+  sequences (``n``, ``best_of``, list prompts) takes the rest once its body is read, through
+  the ``rate_charge`` the middleware leaves in the request's state (gateway/request/proxy.py);
+  one costing more than the whole limit is a 400.
 - ``/admin/...``: always needs an admin key (``admin_key_hashes``); none configured means the
-  admin API is off (403).
+  admin API is off (403). Each client address gets ``admin_rate_limit_per_minute`` admin
+  requests per 60 s, counted before the key is checked (a wrong key counts too); over it: 429.
 - Everything else (``/healthz``, ``/readyz``, ``/metrics``) is open, as probes expect.
 Keys are compared as digests in constant time and never logged; the rate limiter sees only a
-12-character prefix of the digest.
+12-character prefix of the digest. Paths are compared as the router sees them, without the
+app's ``root_path``.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import INVALID_REQUEST, APIError, api_error_response
+from gateway.errors import DETAIL, FULL_DETAIL, INVALID_REQUEST, APIError, api_error_response
 from gateway.shared.state import SharedState
 
 RATE_WINDOW = 60.0
@@ -36,11 +43,13 @@ class AuthMiddleware:
         rate_limit_per_minute: int | None,
         shared: Callable[[], SharedState | None],
         on_reject: Callable[[str], None] | None = None,
+        admin_rate_limit_per_minute: int | None = None,
     ) -> None:
         self.app = app
         self.api_keys = tuple(api_key_hashes)
         self.admin_keys = tuple(admin_key_hashes)
         self.rate_limit = rate_limit_per_minute
+        self.admin_rate_limit = admin_rate_limit_per_minute
         self.shared = shared
         self.on_reject = on_reject
 
@@ -58,36 +67,68 @@ class AuthMiddleware:
         await self.app(scope, receive, send)
 
     async def _check(self, scope: Scope) -> None:
-        path: str = scope["path"]
+        path = route_path(scope)
         if path == "/admin" or path.startswith("/admin/"):
             if not self.admin_keys:
                 raise APIError(
                     403, "the admin API is off: set MO_GATEWAY_ADMIN_KEYS", code="admin_disabled"
                 )
+            shared = self.shared()
+            if self.admin_rate_limit is not None and shared is not None:
+                client = scope.get("client") or ("unknown", 0)
+                limit = self.admin_rate_limit
+                decision = await shared.rate_limit(f"admin:{client[0]}", limit, RATE_WINDOW)
+                if not decision.allowed:
+                    raise _rate_limited(limit, decision.retry_after)
             if not matches(bearer(scope), self.admin_keys):
                 raise _unauthorized("admin")
             return
         if not (path == "/v1" or path.startswith("/v1/")):
             return
+        key = bearer(scope)
+        admin = matches(key, self.admin_keys)
+        if admin is not None:
+            scope.setdefault("state", {})[DETAIL] = FULL_DETAIL
         digest = None
         if self.api_keys:
-            digest = matches(bearer(scope), self.api_keys)
+            digest = matches(key, self.api_keys) or admin
             if digest is None:
                 raise _unauthorized("API")
         shared = self.shared()
         if self.rate_limit is not None and shared is not None:
             client = scope.get("client") or ("unknown", 0)
             who = f"key:{digest[:12]}" if digest else f"addr:{client[0]}"
-            decision = await shared.rate_limit(who, self.rate_limit, RATE_WINDOW)
+            limit = self.rate_limit
+            decision = await shared.rate_limit(who, limit, RATE_WINDOW)
             if not decision.allowed:
-                wait = max(1, round(decision.retry_after + 0.5))
-                raise APIError(
-                    429,
-                    f"rate limit reached: {self.rate_limit} requests per minute; retry in {wait} s",
-                    "requests",
-                    code="rate_limit_exceeded",
-                    headers={"Retry-After": str(wait)},
-                )
+                raise _rate_limited(limit, decision.retry_after)
+
+            async def charge(more: int) -> None:
+                """Take ``more`` units for this request (it generates ``1 + more`` sequences)."""
+                if more < 1:
+                    return
+                if 1 + more > limit:
+                    raise APIError(
+                        400,
+                        f"this request generates {1 + more} sequences (prompts x n or "
+                        f"best_of); the rate limit allows {limit} per minute",
+                        code="request_costs_more_than_the_rate_limit",
+                    )
+                decision = await shared.rate_limit(who, limit, RATE_WINDOW, cost=more)
+                if not decision.allowed:
+                    raise _rate_limited(limit, decision.retry_after)
+
+            scope.setdefault("state", {})["rate_charge"] = charge
+
+
+def route_path(scope: Scope) -> str:
+    """The path the router matches: ``scope["path"]`` without the app's ``root_path`` (which
+    uvicorn's ``--root-path`` and mounts put in front of it), as Starlette strips it."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and (path == root or path.startswith(root.rstrip("/") + "/")):
+        return path[len(root.rstrip("/")) :] or "/"
+    return path
 
 
 def bearer(scope: Scope) -> str | None:
@@ -114,6 +155,17 @@ def matches(key: str | None, digests: Sequence[str]) -> str | None:
         if hmac.compare_digest(digest, stored):
             found = stored
     return found
+
+
+def _rate_limited(limit: int, retry_after: float) -> APIError:
+    wait = max(1, round(retry_after + 0.5))
+    return APIError(
+        429,
+        f"rate limit reached: {limit} requests per minute; retry in {wait} s",
+        "requests",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(wait)},
+    )
 
 
 def _unauthorized(kind: str) -> APIError:

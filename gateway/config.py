@@ -3,11 +3,14 @@
 API keys are stored hashed (sha256 hex): ``api_key_hashes`` / ``admin_key_hashes`` in the file,
 or plain keys in the environment (``MO_GATEWAY_API_KEYS``, ``MO_GATEWAY_ADMIN_KEYS``, comma
 separated), hashed by ``keys_from_environment`` as the config is built and never kept in clear.
+The key the gateway sends to its tiers (``TierEndpoint.api_key``) must stay in clear; it comes
+from the file or from ``MO_TIER_API_KEY``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -30,6 +33,9 @@ class TierEndpoint(BaseModel):
     # measure/admission.py); None: every class. A route naming the tier skips it for others.
     classes: list[str] | None = None
     admission: str | None = None  # the verdict's one line, for /admin/tiers and route reasons
+    # The tier's own key (backends/tier_guard.py), sent as its bearer token on every call;
+    # None: none sent. Kept out of repr; from MO_TIER_API_KEY when the file gives none.
+    api_key: str | None = Field(default=None, min_length=1, repr=False)
 
     @field_validator("base_url")
     @classmethod
@@ -62,6 +68,9 @@ class GatewayConfig(BaseModel):
     connect_timeout: float = Field(default=5.0, gt=0)
     read_timeout: float = Field(default=600.0, gt=0)
     max_body_bytes: int = Field(default=1_000_000, gt=0)
+    # Seconds a client may take to send a completion request's whole body (past it: 408 and
+    # the connection closed). The body is read before the request takes an in-flight slot.
+    body_timeout: float = Field(default=30.0, gt=0)
     # Routing policy YAML (policies/routing.yaml); None: every class tries the tiers in order.
     policy_path: str | None = None
     watch_policy: bool = True  # reload the policy file when it changes
@@ -76,6 +85,9 @@ class GatewayConfig(BaseModel):
     api_key_hashes: list[str] = Field(default_factory=list)  # empty: /v1 needs no key
     admin_key_hashes: list[str] = Field(default_factory=list)  # empty: /admin is disabled
     rate_limit_per_minute: int | None = Field(default=None, gt=0)  # per API key
+    # /admin requests per client address and minute, counted before the key is checked
+    # (wrong keys count too); None: no limit.
+    admin_rate_limit_per_minute: int | None = Field(default=300, gt=0)
     metrics_interval: float = Field(default=2.0, gt=0)  # seconds between scrapes of the tiers
     # Completion requests this process holds at once; past it new ones get a prompt 503 with
     # Retry-After (load shedding) instead of queueing behind an overloaded event loop.
@@ -84,6 +96,17 @@ class GatewayConfig(BaseModel):
     # (gateway/policy/derive.py). Empty: every route as written.
     measured: dict[str, MeasuredTier] = Field(default_factory=dict)
     reference_tier: str | None = None  # the tier the quality figures are measured against
+    # Connections, as uvicorn serves them (gateway/server.py): at most max_connections at once
+    # (past it: 503); at most max_connections_per_client from one address (None: no bound;
+    # trusted proxies are not bounded); a request's head must arrive within header_timeout s
+    # of the connection opening or of the previous answer; an idle kept-alive connection is
+    # closed after keep_alive_timeout s. forwarded_allow_ips: the proxies whose
+    # X-Forwarded-For is believed (IPs, networks such as 10.0.0.0/8, or "*"); none by default.
+    max_connections: int = Field(default=1024, gt=0)
+    max_connections_per_client: int | None = Field(default=64, gt=0)
+    header_timeout: float = Field(default=10.0, gt=0)
+    keep_alive_timeout: int = Field(default=5, gt=0)
+    forwarded_allow_ips: list[str] = Field(default_factory=list)
 
     @field_validator("api_key_hashes", "admin_key_hashes")
     @classmethod
@@ -92,6 +115,17 @@ class GatewayConfig(BaseModel):
             if not _SHA256.fullmatch(digest):
                 raise ValueError("key hashes must be sha256 hex digests (64 hex characters)")
         return [digest.lower() for digest in value]
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            if entry != "*":
+                try:
+                    ipaddress.ip_network(entry, strict=False)
+                except ValueError:
+                    raise ValueError(f"{entry!r} is not an IP address, a network or *") from None
+        return value
 
     @model_validator(mode="after")
     def _unique_tier_names(self) -> GatewayConfig:
@@ -105,6 +139,7 @@ class GatewayConfig(BaseModel):
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 API_KEYS_ENV = "MO_GATEWAY_API_KEYS"
 ADMIN_KEYS_ENV = "MO_GATEWAY_ADMIN_KEYS"
+TIER_KEY_ENV = "MO_TIER_API_KEY"
 
 
 def hash_key(key: str) -> str:
@@ -116,12 +151,20 @@ def keys_from_environment(
     config: GatewayConfig, environ: Mapping[str, str] | None = None
 ) -> GatewayConfig:
     """``config`` with the keys of ``MO_GATEWAY_API_KEYS`` / ``MO_GATEWAY_ADMIN_KEYS`` added,
-    hashed (the plain keys go no further than this function)."""
+    hashed (the plain keys go no further than this function), and ``MO_TIER_API_KEY`` as the
+    ``api_key`` of every tier that has none."""
     env = os.environ if environ is None else environ
 
     def hashed(name: str) -> list[str]:
         return [hash_key(key.strip()) for key in env.get(name, "").split(",") if key.strip()]
 
+    tier_key = env.get(TIER_KEY_ENV, "").strip()
+    if tier_key and any(tier.api_key is None for tier in config.tiers):
+        tiers = [
+            tier if tier.api_key else tier.model_copy(update={"api_key": tier_key})
+            for tier in config.tiers
+        ]
+        config = config.model_copy(update={"tiers": tiers})
     api, admin = hashed(API_KEYS_ENV), hashed(ADMIN_KEYS_ENV)
     if not api and not admin:
         return config

@@ -1,4 +1,12 @@
-"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}``, as JSON or SSE."""
+"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}``, as JSON or SSE.
+
+How much a client is told is the routing policy's ``errors.detail`` (policies/routing.yaml):
+an ``APIError`` whose message names the gateway's insides (tiers, their addresses, what failed)
+carries a ``public`` message too, which clients see unless the request's state says ``full``
+(``FULL_DETAIL``: set by the proxy from the policy, or by gateway/auth.py for a request sending
+an admin key); the ``x-route-reason`` header goes only with full detail. The full message of an
+error a client was not shown is logged.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +23,9 @@ logger = logging.getLogger(__name__)
 
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
+ROUTE_REASON = "x-route-reason"
+DETAIL = "error_detail"  # the request state's key: "full" shows everything
+FULL_DETAIL = "full"
 
 
 class APIError(Exception):
@@ -28,6 +39,8 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: Mapping[str, str] | None = None,
+        *,
+        public: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -36,10 +49,12 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.headers = dict(headers or {})
+        self.public = public  # what a client without full detail is told (None: the message)
 
-    def body(self) -> dict[str, Any]:
-        """The JSON body: ``{"error": {...}}``."""
-        return error_body(self.message, self.type, self.param, self.code)
+    def body(self, full: bool = True) -> dict[str, Any]:
+        """The JSON body: ``{"error": {...}}``; without ``full``, the public message."""
+        message = self.message if full or self.public is None else self.public
+        return error_body(message, self.type, self.param, self.code)
 
 
 def error_body(
@@ -64,15 +79,21 @@ def error_response(
     return JSONResponse(error_body(message, type, param, code), status_code=status, headers=headers)
 
 
-def api_error_response(exc: APIError) -> JSONResponse:
-    """The JSON response for an ``APIError``."""
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers or None)
+def api_error_response(exc: APIError, full: bool = True) -> JSONResponse:
+    """The JSON response for an ``APIError`` (without ``full``: public message, no reason)."""
+    headers = exc.headers if full else {k: v for k, v in exc.headers.items() if k != ROUTE_REASON}
+    return JSONResponse(exc.body(full), status_code=exc.status, headers=headers or None)
 
 
-def sse_error_event(exc: APIError) -> bytes:
+def sse_error_event(exc: APIError, full: bool = True) -> bytes:
     """The SSE bytes ending a stream that failed after it started: an error event, then [DONE]."""
-    payload = json.dumps(exc.body(), separators=(",", ":"))
+    payload = json.dumps(exc.body(full), separators=(",", ":"))
     return f"data: {payload}\n\ndata: [DONE]\n\n".encode()
+
+
+def full_detail(request: Request) -> bool:
+    """Whether ``request`` may be told everything (see the module docstring)."""
+    return bool(request.scope.get("state", {}).get(DETAIL) == FULL_DETAIL)
 
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
@@ -80,7 +101,11 @@ _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_la
 
 async def _handle_api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
-    return api_error_response(exc)
+    full = full_detail(request)
+    if not full and exc.public is not None:
+        logger.info("%s %s: %s (the client was told: %s)", request.method, request.url.path,
+                    exc.message, exc.public)  # fmt: skip
+    return api_error_response(exc, full)
 
 
 async def _handle_http_exception(request: Request, exc: Exception) -> Response:

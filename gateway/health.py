@@ -1,4 +1,5 @@
-"""Liveness (``/healthz``) and readiness (``/readyz``: some tier answers ``/health`` with 200)."""
+"""Liveness (``/healthz``: the runtime is up) and readiness (``/readyz``: some tier answers
+``/health`` with 200)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,16 @@ from starlette.responses import JSONResponse, Response
 from gateway.config import TierEndpoint
 from gateway.errors import SERVER_ERROR, APIError, error_response
 from gateway.request.upstream import Upstream, UpstreamTimeout, UpstreamUnavailable, aclose_quietly
-from gateway.runtime import get_config, get_upstream
+from gateway.runtime import Runtime, get_config, get_upstream
 
 
 async def healthz(request: Request) -> Response:
-    """The process is alive; says nothing about tiers."""
+    """200 while the runtime (the lifespan's client, shared state and background loops) is up;
+    503 when it is not (never started, or its lifespan ended: then every /v1 request would fail
+    and the process needs a restart). Says nothing about tiers."""
+    if not isinstance(getattr(request.app.state, "runtime", None), Runtime):
+        message = "the gateway's runtime is not running (its lifespan ended); restart the process"
+        return error_response(503, message, SERVER_ERROR, code="not_alive")
     return JSONResponse({"status": "ok"})
 
 

@@ -129,6 +129,18 @@ class GatewayMetrics:
         self.shadow_in_flight = Gauge(
             "gateway_shadow_in_flight", "Shadow comparisons running now.", registry=reg
         )
+        self.guard_trips = Counter(
+            "gateway_live_guard_trips_total",
+            "Times the live guard withheld a tier from a class (shadow agreement below floor).",
+            ["tier", "class"],
+            registry=reg,
+        )
+        self.background_errors = Counter(
+            "gateway_background_errors_total",
+            "Exceptions that ended a background loop (started again), by loop.",
+            ["loop"],
+            registry=reg,
+        )
         self.tier_signals = TierSignalsCollector()
         reg.register(self.tier_signals)
 
@@ -180,12 +192,20 @@ class GatewayMetrics:
         self.resets.labels(tier=tier, outcome=outcome).inc()
         self.reset_duration.labels(tier=tier).observe(max(seconds, 0.0))
 
+    def background_error(self, loop: str) -> None:
+        """A background loop (scrape, resets, policy_watch) failed and will start again."""
+        self.background_errors.labels(loop).inc()
+
     def shadow_compared(self, tier: str, agreement: float, deviated: bool) -> None:
         """One shadow comparison of ``tier`` with the reference ended with ``agreement``."""
         self.shadow_comparisons.labels(tier).inc()
         self.shadow_agreement.labels(tier).observe(agreement)
         if deviated:
             self.shadow_deviations.labels(tier).inc()
+
+    def guard_trip(self, tier: str, cls: str) -> None:
+        """The live guard withheld ``tier`` from class ``cls``."""
+        self.guard_trips.labels(tier, cls).inc()
 
     def shadow_drop(self, tier: str, reason: str) -> None:
         """A sampled shadow comparison of ``tier`` was not made (a fixed reason code)."""

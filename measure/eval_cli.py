@@ -9,12 +9,18 @@ Tiers: ``--tiers fp16=URL,int8=URL,...`` or ``--tier-base URL`` (the first tier'
 others on the following ports, named by ``--tier-names``, as ``up --tier-port`` lays them).
 Bad input: one line, exit 2; an unusable server: one line, exit 1. Outputs go to ``--output``
 all at once (a temporary folder renamed into place).
+
+``eval`` runs the code the tiers answer to HumanEval prompts (in measure/sandbox.py's
+sandbox, which must work here: exit 1 otherwise): a tier URL whose host is not this machine's
+loopback is refused unless ``--allow-remote-code`` says the operator trusts that server.
+``eval routing`` runs no generated code.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -22,6 +28,7 @@ from urllib.parse import urlsplit
 from measure import eval_report, routing_eval
 from measure.eval_data import EvalDataError
 from measure.evaluate import EvalOptions, evaluate
+from measure.sandbox import SandboxUnavailable, check_sandbox
 from measure.vllm_client import EndpointError
 
 DEFAULT_BASE = "http://127.0.0.1:8101"  # policies/deploy/tiers.yaml's first tier
@@ -38,6 +45,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     ev.add_argument("--limit", type=int, default=10, help="items per category (default 10)")
     ev.add_argument("--max-tokens", type=int, default=256, help="per generated answer")
     ev.add_argument("--sandbox-timeout", type=float, default=10.0, help="s per HumanEval test")
+    ev.add_argument(
+        "--allow-remote-code",
+        action="store_true",
+        help="run HumanEval code answered by tiers that are not on this machine's loopback",
+    )
     ev.add_argument("--output", default="eval-out", help="folder for eval.json and eval.md")
     actions = ev.add_subparsers(dest="eval_action", metavar="ACTION")
     rt = actions.add_parser("routing", help="replay a labeled prompt set through the gateway")
@@ -88,6 +100,20 @@ def _url(url: str, flag: str) -> str:
     return url.rstrip("/")
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def remote_tiers(tiers: dict[str, str]) -> list[str]:
+    """The tiers whose URL's host is not this machine's loopback (127.0.0.0/8, ::1, localhost)."""
+    return [name for name, url in tiers.items() if not _loopback(urlsplit(url).hostname or "")]
+
+
 def _positive(args: argparse.Namespace, *names: str) -> None:
     for name in names:
         value = getattr(args, name)
@@ -107,6 +133,13 @@ def run(args: argparse.Namespace) -> int:
         if args.eval_action == "routing":
             return _routing(args, tiers, output)
         _positive(args, "runs", "sandbox_timeout")
+        remote = remote_tiers(tiers)
+        if remote and not args.allow_remote_code:
+            name = remote[0]
+            raise UsageError(
+                f"tier {name} at {tiers[name]} is not on this machine, and eval runs the code "
+                "it answers (HumanEval): pass --allow-remote-code to trust it"
+            )
         return _quality(args, tiers, output)
     except UsageError as exc:
         return _fail(str(exc), 2)
@@ -120,6 +153,10 @@ def _fail(message: str, code: int) -> int:
 
 
 def _quality(args: argparse.Namespace, tiers: dict[str, str], output: Path) -> int:
+    try:
+        check_sandbox()  # before any tier is asked: no sandbox, no HumanEval
+    except SandboxUnavailable as exc:
+        return _fail(str(exc), 1)
     opts = EvalOptions(
         tiers=tiers,
         reference=args.reference,

@@ -208,6 +208,9 @@ def _policy_check(args: argparse.Namespace) -> int:
         route = policy.routes.for_class(cls)
         if route is not None:
             how = "most_free_kv of " if route.strategy == "most_free_kv" else ""
+            if route.derive is not None:
+                goal = route.derive
+                how += f"derived (floor {goal.floor:g}, {goal.minimise}) from "
             routes.append(f"{cls} -> {how}{', '.join(route.tiers)}")
     checked = f"; all in {args.deploy}" if args.deploy else ""
     summary = f"tiers {', '.join(policy.tiers)}; routes {'; '.join(routes)}{checked}"

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import signal
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -30,8 +32,15 @@ from backends.spec import AdmissionSpec, load_spec, resolve_tiers
 from backends.supervisor import RestartPolicy, Supervisor
 from backends.vllm_args import LOOPBACK, TierLaunch
 from gateway.app import create_app, load_policies
-from gateway.config import GatewayConfig, MeasuredTier, TierEndpoint, keys_from_environment
+from gateway.config import (
+    TIER_KEY_ENV,
+    GatewayConfig,
+    MeasuredTier,
+    TierEndpoint,
+    keys_from_environment,
+)
 from gateway.policy.store import PolicyStore
+from gateway.server import server_options
 from model_optimizer.envs import ROOT, cache_root, env_python, has_nvidia_gpu
 from model_optimizer.models import AlreadyReported, ModelError
 from model_optimizer.optimize import installed_vllm, run_in_optimize_env, run_optimize
@@ -86,6 +95,13 @@ def curl_example(port: int, model: str) -> str:
         f"curl -s http://{LOOPBACK}:{port}/v1/chat/completions "
         f"-H 'content-type: application/json' -d '{body}'"
     )
+
+
+def tier_key(environ: Mapping[str, str]) -> str:
+    """The key the tier guard (backends/tier_guard.py) wants on the tiers' control routes:
+    ``MO_TIER_API_KEY`` when set (tools that call those routes themselves), else a fresh random
+    one for this run. It travels in the tiers' environment only and is never printed."""
+    return environ.get(TIER_KEY_ENV, "").strip() or secrets.token_urlsafe(32)
 
 
 def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -229,6 +245,7 @@ def gateway_config(
             max_model_len=t.max_model_len,
             classes=list(verdicts[t.name].admitted_classes()) if t.name in verdicts else None,
             admission=verdicts[t.name].summary() if t.name in verdicts else None,
+            api_key=t.api_key,
         )
         for t in launches
     ]
@@ -271,6 +288,8 @@ def run_up(opts: UpOptions) -> int:
     )
     cached = load_cached(key) if spec.admission.enabled else None
     launches = apply_cached_modes(launches, cached, lambda t: emulated_copy(t, variants))
+    secret = tier_key(os.environ)
+    launches = [dataclasses.replace(launch, api_key=secret) for launch in launches]
     supervisor = Supervisor(
         launches,
         env_python("serve"),
@@ -299,7 +318,13 @@ def run_up(opts: UpOptions) -> int:
         _say(f"gateway on http://{LOOPBACK}:{opts.gateway_port}/v1 — try:")
         print(f"  {curl_example(opts.gateway_port, name)}", file=sys.stderr, flush=True)
         server = uvicorn.Server(
-            uvicorn.Config(app, host=LOOPBACK, port=opts.gateway_port, timeout_graceful_shutdown=5)
+            uvicorn.Config(
+                app,
+                host=LOOPBACK,
+                port=opts.gateway_port,
+                timeout_graceful_shutdown=5,
+                **server_options(config),
+            )
         )
         server.run()
     finally:

@@ -15,15 +15,15 @@ WAIT = 10.0  # upper bound for starting or stopping
 class ServerThread:
     """Runs an ASGI app with uvicorn on 127.0.0.1 (a free port) in a background thread."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, **options: Any) -> None:
+        """``options``: more ``uvicorn.Config`` settings (the gateway's: gateway/server.py)."""
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(
-            app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1
-        )
+        settings = {"log_level": "warning", "lifespan": "on", "timeout_graceful_shutdown": 1}
+        config = uvicorn.Config(app, **{**settings, **options})
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True

@@ -21,6 +21,11 @@ fencing token) acts:
 While it works the lock and the marks are renewed; a leader that loses the lock stops. A new
 leader that finds an unfinished reset of an older token records it as ``abandoned`` (its marks
 have expired by then, so the tier is back in routing).
+
+Every value read back from shared state is validated: Redis is shared with other replicas and
+operators, so a marks value that is not an object, an unreadable record of the reset under way
+or a history entry that is not a reset record is dropped (logged), never an exception in the
+scrape loop or the coordinator.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import anyio
+from pydantic import TypeAdapter, ValidationError
 
 from backends.client import TierClient, TierClientError
 from backends.tier_state import TierState
@@ -225,18 +231,22 @@ class ResetCoordinator:
         raw = await self.records.get(CURRENT)
         if raw is None:
             return
-        current = json.loads(raw)
-        if int(current.get("token", token)) >= token:
+        current = _json_object(raw)
+        if current is None:
+            logger.warning("shared %s holds no reset record (%.60r); cleared", CURRENT, raw)
+            await self.records.put(CURRENT, None, ttl=1)
+            return
+        if _int(current.get("token"), token) >= token:
             return  # our own, or not older
         record = ResetRecord(
             str(current.get("tier")),
-            float(current.get("started_at", 0.0)),
+            _float(current.get("started_at")),
             0.0,
             "abandoned",
             f"leader {current.get('leader')} (token {current.get('token')}) stopped mid-reset",
             "",
             self._holder(),
-            int(current.get("token", 0)),
+            _int(current.get("token"), 0),
         )
         await self.records.push(HISTORY, json.dumps(asdict(record)))
         await self.records.put(CURRENT, None, ttl=1)
@@ -291,15 +301,19 @@ class ResetCoordinator:
             "leader": {"holder": holder, "token": token, "this_replica": self.lock.holder},
             "quiet_for_seconds": None if since is None else self.clock() - since,
             "last_decision": self.last_decision.reason if self.last_decision else None,
-            "current": json.loads(current) if current else None,
+            "current": _json_object(current) if current else None,
             "history": [asdict(record) for record in await self.history()],
         }
 
     async def history(self, count: int = 50) -> list[ResetRecord]:
-        """Newest first."""
-        return [
-            ResetRecord(**json.loads(item)) for item in await self.records.items(HISTORY, count)
-        ]
+        """Newest first; entries that are not reset records are left out."""
+        records = []
+        for item in await self.records.items(HISTORY, count):
+            try:
+                records.append(_RECORD.validate_json(item))
+            except ValidationError:
+                logger.debug("shared %s entry is not a reset record: %.60r", HISTORY, item)
+        return records
 
     def _ttft_buckets(self, tier: str) -> tuple[tuple[float, float], ...]:
         metrics = self.runtime.board.metrics(tier)
@@ -316,7 +330,12 @@ class ResetCoordinator:
         if tier not in self._clients:
             endpoint = self.runtime.board.tiers[tier]
             model = self.runtime.config.model_name
-            client = TierClient(endpoint.base_url, self.runtime.upstream.client, model=model)
+            client = TierClient(
+                endpoint.base_url,
+                self.runtime.upstream.client,
+                model=model,
+                api_key=endpoint.api_key,
+            )
             self._clients[tier] = client
         return self._clients[tier]
 
@@ -326,15 +345,36 @@ def parse_marks(raw: str | None) -> dict[str, TierState]:
     is not a tier state, dropped)."""
     if not raw:
         return {}
-    try:
-        value = json.loads(raw)
-    except ValueError:
+    value = _json_object(raw)
+    if value is None:
         return {}
     return {
         k: _STATES[v]
         for k, v in value.items()
         if k != "token" and isinstance(v, str) and v in _STATES
     }
+
+
+_RECORD = TypeAdapter(ResetRecord)
+
+
+def _json_object(raw: str) -> dict[str, object] | None:
+    """The JSON object ``raw`` holds; ``None`` when it is not JSON or not an object."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _int(value: object, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _float(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    return float(value)
 
 
 async def apply_shared_marks(runtime: Runtime, records: SharedRecords) -> None:

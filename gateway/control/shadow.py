@@ -43,6 +43,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, Tracer
 
 from backends.tier_state import TierState
+from gateway.control.live_guard import GuardSettings
 from gateway.control.tier_status import TierBoard
 from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
@@ -161,6 +162,7 @@ class ShadowJob:
     max_tokens_field: str
     answer: bytes | None  # the client's whole answer; None for a stream
     link: SpanContext  # the client's request span
+    cls: str = ""  # the request's class (the live guard keeps one window per tier and class)
 
 
 class ShadowFailed(Exception):
@@ -237,6 +239,7 @@ class ShadowSampler:
             score = text_agreement(served, reference, self._encode, policy.max_tokens)
             deviated = score < policy.deviation_threshold
             self._metrics.shadow_compared(job.tier, score, deviated)
+            self._guard(policy, job, score)
             span.set_attributes(
                 {"gateway.shadow.agreement": score, "gateway.shadow.greedy": greedy}
             )
@@ -250,6 +253,26 @@ class ShadowSampler:
         finally:
             span.end()
             self._set_running(-1)
+
+    def _guard(self, policy: ShadowPolicy, job: ShadowJob, score: float) -> None:
+        """Feed the live guard; a tier it withholds from a class is logged and counted."""
+        guard = policy.guard
+        settings = GuardSettings(guard.window, guard.min_samples, guard.floors)
+        if not job.cls or not self._board.guard.record(settings, job.tier, job.cls, score):
+            return
+        mean = self._board.guard.mean(job.tier, job.cls)
+        logger.warning(
+            "live guard: tier %s withheld from class %s (mean shadow agreement %.3f over %d "
+            "comparisons < floor %.2f); restore it after a fresh check: POST "
+            "/admin/tiers/%s/restore",
+            job.tier,
+            job.cls,
+            mean,
+            self._board.guard.samples(job.tier, job.cls),
+            guard.floors[job.cls],
+            job.tier,
+        )
+        self._metrics.guard_trip(job.tier, job.cls)
 
     def _drop(self, tier: str, reason: str, span: trace.Span) -> None:
         self._metrics.shadow_drop(tier, reason)

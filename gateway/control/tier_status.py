@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from backends.metrics import MetricsParseError, TierMetrics, parse_metrics
 from backends.tier_state import TierState
 from gateway.config import TierEndpoint
+from gateway.control.live_guard import LiveGuard
 from gateway.errors import APIError
+from gateway.policy.schema import CLASS_NAMES
 from gateway.request.router import TierStatus
 from gateway.request.upstream import Upstream, aclose_quietly
 
@@ -51,6 +53,7 @@ class TierBoard:
         self._clock = clock
         self._scrapes: dict[str, Scrape] = {}
         self._marks: dict[str, TierState] = {}  # the reset coordinator's, e.g. draining
+        self.guard = LiveGuard()  # classes shadow comparisons withheld from a tier
 
     def record(self, name: str, scrape: Scrape) -> None:
         self._scrapes[name] = scrape
@@ -90,9 +93,17 @@ class TierBoard:
                 requests_waiting=metrics.requests_waiting if metrics else 0.0,
                 kv_usage=metrics.kv_cache_usage if metrics else 0.0,
                 max_model_len=tier.max_model_len,
-                classes=frozenset(tier.classes) if tier.classes is not None else None,
+                classes=self._classes(name),
             )
         return out
+
+    def _classes(self, name: str) -> frozenset[str] | None:
+        """What the admission check admitted, less what the live guard withholds."""
+        admitted = self.tiers[name].classes
+        withheld = self.guard.classes_withheld(name)
+        if not withheld:
+            return frozenset(admitted) if admitted is not None else None
+        return frozenset(admitted if admitted is not None else CLASS_NAMES) - withheld
 
     def describe(self) -> dict[str, dict[str, object]]:
         """For ``/admin/tiers``: state, last scrape and load of each tier."""
@@ -106,6 +117,7 @@ class TierBoard:
                 "base_url": tier.base_url,
                 "max_model_len": tier.max_model_len,
                 "classes": tier.classes,
+                "withheld": sorted(self.guard.classes_withheld(name)),
                 "admission": tier.admission,
                 "scraped_seconds_ago": round(now - scrape.at, 1) if scrape else None,
                 "scrape_error": scrape.error if scrape else None,

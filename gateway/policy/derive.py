@@ -14,7 +14,10 @@ the class needs, 0..1) and what to ``minimise``:
 another kept tier beats on both quality and cost (never a tier that is slower *and* worse; a
 less accurate tier must be ``min_gain`` cheaper than every more accurate one to stay),
 orders the rest cheapest first and puts the reference last (the tier of last resort, whatever
-its cost). Without figures for a route's tiers the route stays as written.
+its cost). Dominated tiers that meet the floor follow the reference as overflow (``overflow:
+true``, the default): no request goes to them while a tier before them can take it, but a
+saturated or draining chain degrades to them instead of refusing. Without figures for a
+route's tiers the route stays as written.
 """
 
 from __future__ import annotations
@@ -63,18 +66,29 @@ class Goal:
     # A tier that agrees less than another kept tier stays only when it is at least this much
     # cheaper (0.05: 5 %); measurements on a shared machine are noisy, quality loss is not.
     min_gain: float = 0.05
+    overflow: bool = True  # keep dominated tiers after the reference, for overload only
 
 
 @dataclass(frozen=True)
 class DerivedChain:
     cls: str
-    chain: tuple[str, ...]
+    chain: tuple[str, ...]  # the preferred order, the reference last
     reasons: Mapping[str, str] = field(default_factory=dict)  # tier -> why kept, where, or left out
+    # Dominated tiers that meet the floor: after the reference, tried only when every tier
+    # before them is unusable (saturated, draining, down): degrade before shedding.
+    overflow: tuple[str, ...] = ()
+
+    @property
+    def tiers(self) -> tuple[str, ...]:
+        """What the route serves: the chain, then the overflow."""
+        return self.chain + self.overflow
 
     def describe(self) -> str:
         """One line: the chain and each tier's figures or why it was left out."""
         parts = [f"{name}: {why}" for name, why in self.reasons.items()]
-        return f"{self.cls} -> {', '.join(self.chain) or 'as written'} ({'; '.join(parts)})"
+        extra = f" then overflow {', '.join(self.overflow)}" if self.overflow else ""
+        head = ", ".join(self.chain) or "as written"
+        return f"{self.cls} -> {head}{extra} ({'; '.join(parts)})"
 
 
 def derive_chain(
@@ -107,6 +121,7 @@ def derive_chain(
             continue
         kept.append((name, quality, cost))
     survivors = []
+    overflow: list[tuple[str, float]] = []
     for name, quality, cost in kept:
         better = [
             other
@@ -118,6 +133,9 @@ def derive_chain(
         ]
         if better and name != reference:
             reasons[name] = f"dominated by {better[0]} (as good and as fast or better)"
+            if goal.overflow:
+                reasons[name] += ": overflow only"
+                overflow.append((name, cost))
             continue
         survivors.append((name, quality, cost))
     if not survivors:  # serve rather than refuse: the operator sees why in the reasons
@@ -127,7 +145,10 @@ def derive_chain(
     unit = "s/answer" if goal.minimise == "latency" else "s/token"
     for name, quality, cost in survivors:
         reasons[name] = f"agreement {quality:.3f}, {cost:.3g} {unit}"
-    return DerivedChain(cls, tuple(name for name, _, _ in survivors), reasons)
+    overflow.sort(key=lambda item: item[1])
+    return DerivedChain(
+        cls, tuple(name for name, _, _ in survivors), reasons, tuple(n for n, _ in overflow)
+    )
 
 
 def derive_routes(
@@ -148,10 +169,11 @@ def derive_routes(
             route.derive.minimise,
             route.derive.answer_tokens,
             route.derive.min_gain,
+            route.derive.overflow,
         )
         chain = derive_chain(cls, route.tiers, goal, figures, reference or "")
         derived[cls] = chain
-        routes[cls] = route.model_copy(update={"tiers": list(chain.chain)})
+        routes[cls] = route.model_copy(update={"tiers": list(chain.tiers)})
     if not routes:
         return policy, {}
     new_routes = policy.routes.model_copy(update=routes)

@@ -8,15 +8,20 @@ Sections:
 - ``tiers``: the tier names this policy may route to (e.g. fp16, int8, int4). Every tier named
   elsewhere must be one of them, so a typo in a route is an error, not a silently dead route.
   Given ``known_tiers`` (the gateway's), ``parse_policy`` also refuses a tier not among them.
-- ``classes``: the classifier (gateway/request/classify.py): ``long`` by prompt tokens; then the
+- ``classes`` (schema in gateway/policy/classes.py): the classifier (gateway/request/classify.py):
+  ``long`` by prompt tokens; then the
   trained model (``model``: its weights file and the threshold on P(precise)) with operator
   ``overrides``, or the keyword rules (``code`` and ``math`` by weighted signals against a
   threshold); ``tolerant`` is everything else. Every regular expression must pass the
   linear-time rule of gateway/policy/linear.py.
 - ``routes``: per class, the tiers to try: an ordered chain, or ``most_free_kv`` over a list.
 - ``saturation``: when a tier counts as saturated (skipped) from its scraped metrics.
-- ``limits``: prompt and completion token limits and what to do when a request exceeds them.
+- ``limits``: prompt and completion token limits and what to do when a request exceeds them;
+  bounds on the fields that multiply a request's cost (n, best_of, list prompts, logprobs,
+  prompt logprobs, tools; gateway/request/costs.py).
 - ``pinning``: whether a request header may pin a tier.
+- ``errors``: how much a client is told: ``minimal`` (no tier names, addresses or failures in
+  error messages, no ``x-route-reason``) or ``full`` (gateway/errors.py).
 - ``resets``: when the gateway may drain a tier and reset its KV pool (time-of-day windows, a
   quiet-traffic condition, the least interval between two resets, drift triggers); the
   decision itself is gateway/reset_schedule.py. Window and quiet requirements are checked only
@@ -44,228 +49,28 @@ from common.operator_yaml import (
     read_text,
     validate,
 )
-from gateway.policy.linear import superlinear
+from gateway.policy.classes import ClassesPolicy as ClassesPolicy
+from gateway.policy.classes import CodeRule as CodeRule
+from gateway.policy.classes import LongRule as LongRule
+from gateway.policy.classes import MathRule as MathRule
+from gateway.policy.classes import ModelRule as ModelRule
+from gateway.policy.classes import NonNegativeFloat, PositiveFloat, PositiveInt
+from gateway.policy.classes import Override as Override
+from gateway.policy.classes import Pattern as Pattern
+from gateway.policy.classes import TaskRule as TaskRule
+from gateway.policy.classes import WindowRule as WindowRule
+from gateway.policy.classes import check_name as _check_name
 
 ClassName = Literal["tolerant", "code", "math", "long"]
 CLASS_NAMES: tuple[ClassName, ...] = ("tolerant", "code", "math", "long")
 Strategy = Literal["ordered", "most_free_kv"]
 ResetWhen = Literal["window_and_quiet", "window_or_quiet", "window", "quiet"]
 Loc = tuple[str | int, ...]
-PositiveInt = Annotated[int, Field(strict=True, gt=0)]
-NonNegativeFloat = Annotated[float, Field(ge=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _HHMM = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])")
 
 
 class PolicyError(OperatorYamlError):
     """A routing policy that cannot be used; ``str()`` is one line naming file, line and field."""
-
-
-def _check_name(value: str, what: str) -> str:
-    if not _NAME.fullmatch(value):
-        raise ValueError(f"{what} {value!r} must be letters, digits, '_', '.' or '-'")
-    return value
-
-
-# --------------------------------------------------------------------------- classes
-
-
-class Pattern(Section):
-    """A named regular expression; each pattern that matches adds its ``weight`` once.
-
-    Python ``re`` syntax; flags inline, e.g. ``(?m)`` for ``^``/``$`` at line ends, ``(?i)`` to
-    ignore case. The name appears in the classification reason.
-    """
-
-    name: str
-    regex: str = Field(min_length=1)
-    weight: PositiveFloat = 1.0
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return _check_name(value, "pattern name")
-
-    @field_validator("regex")
-    @classmethod
-    def _compiles(cls, value: str) -> str:
-        return _linear_regex(value)
-
-
-def _linear_regex(value: str) -> str:
-    """A regular expression that compiles and passes the linear-time rule (policy/linear.py)."""
-    try:
-        re.compile(value)
-    except re.error as exc:
-        raise ValueError(f"bad regular expression {value!r}: {exc}") from None
-    problem = superlinear(value)
-    if problem:
-        raise ValueError(f"{value!r} may take more than linear time: {problem}")
-    return value
-
-
-def _keywords(value: list[str]) -> list[str]:
-    out: list[str] = []
-    for keyword in value:
-        if not keyword.strip():
-            raise ValueError("empty keyword")
-        folded = " ".join(keyword.split()).lower()
-        if folded in out:
-            raise ValueError(f"keyword {keyword!r} is listed twice")
-        out.append(folded)
-    return out
-
-
-def _one_word_keywords(value: list[str]) -> list[str]:
-    words = _keywords(value)
-    for word in words:
-        if " " in word:
-            raise ValueError(f"{word!r}: give single words here")
-    return words
-
-
-class TaskRule(Section):
-    """A request for work: one of ``verbs`` followed within ``window`` words by one of
-    ``objects`` ("write a Python function", "implement a binary search"). Adds ``weight`` once."""
-
-    verbs: list[str] = Field(min_length=1)
-    objects: list[str] = Field(min_length=1)
-    window: PositiveInt = 4
-    weight: PositiveFloat = 2.0
-
-    @field_validator("verbs", "objects")
-    @classmethod
-    def _words(cls, value: list[str]) -> list[str]:
-        return _one_word_keywords(value)
-
-
-class LongRule(Section):
-    """``long``: the prompt (chat template applied) has at least ``min_tokens`` tokens."""
-
-    min_tokens: PositiveInt = 1024
-
-
-class CodeRule(Section):
-    """``code``: score = fence_weight if a fenced block (```/~~~) is present
-    + keyword_weight per distinct keyword found + the task's weight when it is found
-    + each matching pattern's weight once."""
-
-    threshold: PositiveFloat = 2.0
-    fence_weight: NonNegativeFloat = 3.0
-    keywords: list[str] = Field(default_factory=list)
-    keyword_weight: NonNegativeFloat = 1.0
-    task: TaskRule | None = None
-    patterns: list[Pattern] = Field(default_factory=list)
-
-    @field_validator("keywords")
-    @classmethod
-    def _fold(cls, value: list[str]) -> list[str]:
-        return _keywords(value)
-
-
-class MathRule(Section):
-    """``math``: score = keyword_weight per distinct keyword + the task's weight when found
-    + each matching pattern's weight once + number_weight when the text has at least
-    ``min_numbers`` numbers and at least ``number_density`` numbers per word."""
-
-    threshold: PositiveFloat = 2.0
-    keywords: list[str] = Field(default_factory=list)
-    keyword_weight: NonNegativeFloat = 1.0
-    task: TaskRule | None = None
-    patterns: list[Pattern] = Field(default_factory=list)
-    number_density: float = Field(default=0.1, gt=0, le=1)
-    min_numbers: PositiveInt = 2
-    number_weight: NonNegativeFloat = 1.0
-
-    @field_validator("keywords")
-    @classmethod
-    def _fold(cls, value: list[str]) -> list[str]:
-        return _keywords(value)
-
-
-class ModelRule(Section):
-    """The trained prompt model (gateway/request/prompt_model.py) decides precise vs tolerant:
-    P(precise) at or above ``threshold`` is ``code`` or ``math`` (whichever the model's second
-    regression prefers), below it ``tolerant``. Lower thresholds send more to the precise routes
-    (sending a precise request to a low-precision tier costs more than the reverse)."""
-
-    weights: str = Field(min_length=1)  # a weights file, relative to the policy's folder
-    threshold: float = Field(gt=0, lt=1)
-    history_decay: float = Field(default=0.5, gt=0, le=1)
-    system_weight: NonNegativeFloat = 0.5
-    top_features: int = Field(default=3, ge=0, le=10)
-
-
-class Override(Section):
-    """An operator rule that forces a class: a regular expression or a keyword list, checked
-    ``before`` the model (a match skips it) or ``after`` it (a match replaces its class)."""
-
-    name: str
-    cls: Literal["tolerant", "code", "math"] = Field(alias="class")
-    stage: Literal["before", "after"] = "before"
-    regex: str | None = None
-    keywords: list[str] = Field(default_factory=list)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return _check_name(value, "override name")
-
-    @field_validator("regex")
-    @classmethod
-    def _compiles(cls, value: str | None) -> str | None:
-        return None if value is None else _linear_regex(value)
-
-    @field_validator("keywords")
-    @classmethod
-    def _fold(cls, value: list[str]) -> list[str]:
-        return _keywords(value)
-
-    @model_validator(mode="after")
-    def _one_test(self) -> Override:
-        if (self.regex is None) == (not self.keywords):
-            raise ValueError("give either regex or keywords")
-        return self
-
-
-class WindowRule(Section):
-    """What the classifier reads of a request: the last ``max_turns`` user messages of a chat
-    (and its system messages), the first ``max_prompts`` prompts of a completions list one by
-    one (the rest as one text); of each text, the rules and overrides read the first
-    ``head_chars`` and last ``tail_chars`` characters (the model reads the window its weights
-    file names)."""
-
-    head_chars: PositiveInt = 4096
-    tail_chars: int = Field(default=2048, ge=0)
-    max_turns: PositiveInt = 8
-    max_prompts: PositiveInt = 32
-
-
-class ClassesPolicy(Section):
-    """The classifier: ``long`` by tokens; then either the trained ``model`` (with operator
-    ``overrides``) or the keyword rules ``code`` and ``math``. ``tolerant`` has no rule: it is
-    what nothing else claims."""
-
-    long: LongRule = Field(default_factory=LongRule)
-    code: CodeRule = Field(default_factory=CodeRule)
-    math: MathRule = Field(default_factory=MathRule)
-    model: ModelRule | None = None
-    overrides: list[Override] = Field(default_factory=list)
-    window: WindowRule = Field(default_factory=WindowRule)
-
-    @model_validator(mode="after")
-    def _model_or_rules(self) -> ClassesPolicy:
-        given = {"code", "math"} & self.model_fields_set
-        if self.model is not None and given:
-            raise ValueError(
-                f"give either model or the keyword rules ({', '.join(sorted(given))}), not both"
-            )
-        names = [o.name for o in self.overrides]
-        for i, name in enumerate(names):
-            if name in names[:i]:
-                raise ValueError(f"override {name} is listed twice")
-        return self
 
 
 # --------------------------------------------------------------------------- routes
@@ -279,6 +84,7 @@ class DeriveGoal(Section):
     minimise: Literal["latency", "throughput"] = "latency"
     answer_tokens: PositiveInt = 128  # the answer length a latency cost assumes
     min_gain: float = Field(default=0.05, ge=0, lt=1)
+    overflow: bool = True  # dominated tiers after the reference, for overload only
 
 
 class Route(Section):
@@ -333,6 +139,13 @@ class LimitsPolicy(Section):
     tier_max_input_tokens: dict[str, PositiveInt] = Field(default_factory=dict)
     max_output_tokens: PositiveInt | None = None
     on_max_tokens_too_large: Literal["clamp", "reject"] = "clamp"
+    # Fields that multiply a request's cost (gateway/request/costs.py).
+    max_n: PositiveInt = 4
+    max_best_of: PositiveInt = 4
+    max_prompts: PositiveInt = 4
+    max_logprobs: Annotated[int, Field(strict=True, ge=0)] = 20
+    max_prompt_logprobs: Annotated[int, Field(strict=True, ge=0)] = 0
+    max_tools: Annotated[int, Field(strict=True, ge=0)] = 128
 
     def tier_input_cap(self, tier: str | None) -> int | None:
         """The per-tier prompt cap of ``tier`` (``None``: none set)."""
@@ -342,7 +155,13 @@ class LimitsPolicy(Section):
 class TimeoutsPolicy(Section):
     """How long a tier may take before the chain moves on (see policies/routing.yaml)."""
 
-    first_byte_seconds: PositiveFloat = 120.0
+    first_byte_seconds: PositiveFloat = 120.0  # streamed requests only
+
+
+class ErrorsPolicy(Section):
+    """How much a client is told about the gateway's insides (see policies/routing.yaml)."""
+
+    detail: Literal["minimal", "full"] = "minimal"
 
 
 class PinningPolicy(Section):
@@ -455,6 +274,24 @@ class ResetsPolicy(Section):
 # --------------------------------------------------------------------------- shadow
 
 
+class GuardPolicy(Section):
+    """The live guard over shadow comparisons (gateway/control/live_guard.py)."""
+
+    window: PositiveInt = 50  # comparisons per (tier, class) kept
+    min_samples: PositiveInt = 20  # fewer in the window: no verdict
+    floors: dict[str, float] = Field(default_factory=dict)  # class -> mean agreement floor
+
+    @field_validator("floors")
+    @classmethod
+    def _classes(cls, floors: dict[str, float]) -> dict[str, float]:
+        for name, floor in floors.items():
+            if name not in CLASS_NAMES:
+                raise ValueError(f"unknown class {name} (classes: {', '.join(CLASS_NAMES)})")
+            if not 0 <= floor <= 1:
+                raise ValueError(f"floor of {name} must be within 0..1, not {floor}")
+        return floors
+
+
 class ShadowPolicy(Section):
     """Shadow sampling; see policies/routing.yaml for each field."""
 
@@ -466,6 +303,7 @@ class ShadowPolicy(Section):
     deviation_threshold: float = Field(default=0.9, ge=0, le=1)
     max_tokens: PositiveInt = 64
     timeout_seconds: PositiveFloat = 60.0
+    guard: GuardPolicy = Field(default_factory=GuardPolicy)
 
 
 class RoutingPolicy(Section):
@@ -478,6 +316,7 @@ class RoutingPolicy(Section):
     limits: LimitsPolicy = Field(default_factory=LimitsPolicy)
     pinning: PinningPolicy = Field(default_factory=PinningPolicy)
     timeouts: TimeoutsPolicy = Field(default_factory=TimeoutsPolicy)
+    errors: ErrorsPolicy = Field(default_factory=ErrorsPolicy)
     resets: ResetsPolicy = Field(default_factory=ResetsPolicy)
     shadow: ShadowPolicy = Field(default_factory=ShadowPolicy)
 

@@ -8,9 +8,11 @@
   ``"applied"``: the new policy is validated and compiled in full, then swapped in with one
   assignment (a request sees the old policy or the new one, never half of each); ``last_error``
   is cleared; one info line names the new digest.
-  ``"rejected"``: the file is unreadable, missing, empty, not YAML, fails the schema or names a
-  tier the gateway does not have; the last good policy keeps serving, ``last_error`` and
-  ``last_error_at`` say why and when, one warning line names the file and the problem.
+  ``"rejected"``: the file is unreadable, missing, empty, not YAML, fails the schema, names a
+  tier the gateway does not have, or building it fails in any other way (an unexpected
+  exception is a refused edit, never a crash of the watch); the last good policy keeps
+  serving, ``last_error`` and ``last_error_at`` say why and when, one warning line names the
+  file and the problem.
   ``"unchanged"``: the bytes are those being served; nothing to do, except that an error left
   by a bad edit is cleared (the file on disk is again what serves).
 - ``watch()`` watches the file's parent directory (editors and ConfigMap updates replace files
@@ -161,7 +163,12 @@ class PolicyStore:
             "last_error_at": _iso(self.last_error_at) if self.last_error_at is not None else None,
             "policy": active.policy.model_dump(mode="json"),
             "derived_routes": {
-                cls: {"chain": list(d.chain), "reasons": dict(d.reasons), "line": d.describe()}
+                cls: {
+                    "chain": list(d.chain),
+                    "overflow": list(d.overflow),
+                    "reasons": dict(d.reasons),
+                    "line": d.describe(),
+                }
                 for cls, d in active.derived.items()
             },
         }
@@ -180,9 +187,15 @@ class PolicyStore:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise PolicyError(f"{self.path}: cannot read routing policy: {exc}") from None
-        policy = parse_policy(text, str(self.path), self.known_tiers)
-        rules = CompiledClasses.build(policy.classes, self.path.parent)
-        policy, derived = derive_routes(policy, self.measured, self.reference)
+        try:
+            policy = parse_policy(text, str(self.path), self.known_tiers)
+            rules = CompiledClasses.build(policy.classes, self.path.parent)
+            policy, derived = derive_routes(policy, self.measured, self.reference)
+        except PolicyError:
+            raise
+        except Exception as exc:  # any other failure is a refused edit too, never a crash
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            raise PolicyError(f"{self.path}: cannot use routing policy: {reason}") from None
         return ActivePolicy(policy, rules, digest, self._clock(), str(self.path), derived)
 
     def _apply(self, new: ActivePolicy) -> None:

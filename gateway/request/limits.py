@@ -19,7 +19,17 @@ overhead is added per message, derived from the template's markers:
 
 For ChatML templates this is exact when token merges do not cross a content boundary (a
 content starting or ending with whitespace may differ by a token or two); tool calls count
-their function names and arguments only, and a request's ``tools`` schemas are not counted.
+their function names and arguments only. A request's ``tools`` are counted as their JSON
+(gateway/request/plan.py's ``count_prompt``), about as a chat template renders them.
+
+Counting is bounded work whatever the prompt's length: given a ``limit`` (the gateway passes the
+longest context of its tiers), a count is exact up to ``limit`` and stops early past it,
+returning some number above ``limit``. A long text is then tokenized in pieces, the first of
+``_piece_chars(limit)`` characters and each next one twice as long, cut before a space where
+one is near; the pieces' counts (less two per cut, for a word split in two) are summed until
+they pass ``limit``; a text whose pieces never pass it is counted again whole, exactly. So the
+work is bounded by the limit times the characters of the tokenizer's longest token, not by the
+body (a 1 MB prompt took ~0.5 s of the event loop to count in full; now some 10-90 ms).
 """
 
 from __future__ import annotations
@@ -96,9 +106,10 @@ class TokenCounter:
         folder = Path(folder)
         return cls.from_file(folder / "tokenizer.json", read_chat_template(folder))
 
-    def count_text(self, text: str) -> int:
-        """Tokens of a completions prompt (special tokens added as the tokenizer says)."""
-        return len(self._tokenizer.encode(text, add_special_tokens=True).ids)
+    def count_text(self, text: str, limit: int | None = None) -> int:
+        """Tokens of a completions prompt (special tokens added as the tokenizer says); with
+        ``limit``, exact up to it and some number above it past it (see the module docstring)."""
+        return self._bounded(text, limit, special=True)
 
     def count_chat(
         self,
@@ -106,8 +117,10 @@ class TokenCounter:
         chat_template: str | None = None,
         *,
         add_generation_prompt: bool = True,
+        limit: int | None = None,
     ) -> int:
-        """Tokens of ``messages`` rendered by ``chat_template`` (default: the counter's)."""
+        """Tokens of ``messages`` rendered by ``chat_template`` (default: the counter's); with
+        ``limit``, exact up to it and some number above it past it (counting stops there)."""
         chat = self.chat_format(chat_template if chat_template is not None else self.chat_template)
         total = chat.begin
         if not messages or messages[0].get("role") != "system":
@@ -115,7 +128,10 @@ class TokenCounter:
         for message in messages:
             role = message.get("role")
             total += chat.overhead(role if isinstance(role, str) else "")
-            total += sum(self._count(piece) for piece in _message_texts(message))
+            for piece in _message_texts(message):
+                total += self._bounded(piece, limit) if piece else 0
+                if limit is not None and total > limit:
+                    return total
         return total + (chat.generation_prompt if add_generation_prompt else 0)
 
     def chat_format(self, chat_template: str | None) -> ChatFormat:
@@ -128,6 +144,40 @@ class TokenCounter:
 
     def _count(self, text: str) -> int:
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
+
+    def _bounded(self, text: str, limit: int | None, *, special: bool = False) -> int:
+        """Tokens of ``text``: exact up to ``limit``, some number above it past it."""
+        encode = self._tokenizer.encode
+        size = _piece_chars(limit) if limit is not None else 0
+        if limit is None or len(text) <= size:
+            return len(encode(text, add_special_tokens=special).ids)
+        total, start = 0, 0
+        while start < len(text):
+            end = _cut(text, start, start + size)
+            size *= 2
+            # The special tokens are added once, with the first piece.
+            total += len(encode(text[start:end], add_special_tokens=special and not start).ids)
+            start = end
+            if start < len(text):
+                total -= 2  # the next piece may start inside a word of this one
+            if total > limit:
+                return total
+        return len(encode(text, add_special_tokens=special).ids)
+
+
+def _piece_chars(limit: int) -> int:
+    """Characters of the first piece of a text counted up to ``limit`` tokens: a text denser
+    than one token per 2 characters is known to be over the limit after it."""
+    return 2 * (limit + 1) + 1024
+
+
+def _cut(text: str, start: int, end: int) -> int:
+    """Where to end the piece ``text[start:end]``: before its last space in the second half,
+    so that words (and a space's word) stay whole; else at ``end``."""
+    if end >= len(text):
+        return len(text)
+    space = text.rfind(" ", (start + end) // 2, end)
+    return space if space > start else end
 
 
 def _message_texts(message: Mapping[str, Any]) -> list[str]:

@@ -9,7 +9,10 @@ with ``Retry-After`` when no tier can take it now. Nothing here does I/O: the ti
 come from gateway/control/tier_status.py and the policy from gateway/policy/store.py.
 
 Order of the checks (policies/routing.yaml explains each knob):
-1. the prompt is counted with the model's tokenizer (chat template applied);
+0. the fields that multiply its cost (n, best_of, list prompts, logprobs, tools, and stream's
+   type) are checked against the policy's limits (gateway/request/costs.py);
+1. the prompt is counted with the model's tokenizer (chat template applied), given a context
+   limit only as far as it (a longer prompt is refused at once: bounded work per request);
 2. the classifier names its class (gateway/request/classify.py);
 3. a prompt over ``limits.max_input_tokens`` is refused or re-classed ``long``;
 4. the route of the class gives the tiers that are ready, unsaturated and long enough
@@ -19,6 +22,7 @@ Order of the checks (policies/routing.yaml explains each knob):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -26,6 +30,7 @@ from typing import Any, Protocol
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError
 from gateway.policy.schema import RoutingPolicy
 from gateway.request.classify import CompiledClasses, classify_request, content_texts
+from gateway.request.costs import request_cost
 from gateway.request.limits import check_limits, check_prompt
 from gateway.request.router import (
     CONTEXT_LENGTH_EXCEEDED,
@@ -41,22 +46,32 @@ CHAT = "/v1/chat/completions"
 
 
 class PromptCounter(Protocol):
-    """What counting needs (gateway/request/limits.py ``TokenCounter`` or ``ByteCounter``)."""
+    """What counting needs (gateway/request/limits.py ``TokenCounter`` or ``ByteCounter``).
 
-    def count_text(self, text: str) -> int: ...
+    With ``limit`` a count is exact up to ``limit`` and some number above it past it (the
+    counter may stop early: bounded work whatever the prompt's length)."""
 
-    def count_chat(self, messages: Sequence[Mapping[str, Any]]) -> int: ...
+    def count_text(self, text: str, *, limit: int | None = None) -> int: ...
+
+    def count_chat(
+        self, messages: Sequence[Mapping[str, Any]], *, limit: int | None = None
+    ) -> int: ...
 
 
 class ByteCounter:
     """Without a tokenizer: UTF-8 bytes bound the tokens of a byte-level BPE from above."""
 
-    def count_text(self, text: str) -> int:
+    def count_text(self, text: str, *, limit: int | None = None) -> int:
         return len(text.encode("utf-8", "surrogatepass")) + 1
 
-    def count_chat(self, messages: Sequence[Mapping[str, Any]]) -> int:
-        texts = (piece for message in messages for piece in content_texts(message.get("content")))
-        return sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) + 16 * len(messages)
+    def count_chat(self, messages: Sequence[Mapping[str, Any]], *, limit: int | None = None) -> int:
+        total = 0
+        for message in messages:
+            texts = content_texts(message.get("content"))
+            total += sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) + 16
+            if limit is not None and total > limit:
+                break
+        return total
 
 
 @dataclass(frozen=True)
@@ -87,6 +102,7 @@ class Assessment:
     max_tokens_field: str  # "max_tokens" or "max_completion_tokens"
     max_tokens: int | None  # None: not given
     long_route: bool = False  # re-classed long because the prompt is over max_input_tokens
+    cost: int = 1  # sequences to generate: prompts x max(n, best_of) (gateway/request/costs.py)
     p_precise: float | None = None  # the classifier model's probability, when it decided
 
 
@@ -109,20 +125,44 @@ def assess(
     policy: RoutingPolicy,
     rules: CompiledClasses,
     counter: PromptCounter,
+    *,
+    context_limit: int | None = None,
 ) -> Assessment:
-    """Steps 1-3: count the prompt, classify it, apply the gateway-wide prompt limit."""
-    input_tokens = count_prompt(body, path, counter)
+    """Steps 1-3: count the prompt, classify it, apply the gateway-wide prompt limit.
+
+    ``context_limit``: the longest context of any tier (``max_model_len``); a prompt of that
+    many tokens fits nowhere, so it is counted only that far and refused (400).
+    """
+    cost = request_cost(body, path, policy.limits)
+    limit = context_limit - 1 if context_limit is not None else None
+    input_tokens = count_prompt(body, path, counter, limit)
+    if limit is not None and input_tokens > limit:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {context_limit} tokens. However, your "
+            f"messages resulted in at least {context_limit} tokens. Please reduce the length "
+            "of the messages.",
+            INVALID_REQUEST,
+            param="messages" if path == CHAT else "prompt",
+            code=CONTEXT_LENGTH_EXCEEDED,
+        )
     field, max_tokens = requested_max_tokens(body, path)
     found = classify_request(body, input_tokens, rules)
     gate = check_prompt(input_tokens, policy.limits)
     if gate is None:
         return Assessment(
-            found.cls, found.reason, input_tokens, field, max_tokens, p_precise=found.p_precise
+            found.cls,
+            found.reason,
+            input_tokens,
+            field,
+            max_tokens,
+            cost=cost,
+            p_precise=found.p_precise,
         )
     if gate.action == "reject":
         raise _too_long(gate.message, found.cls, found.reason, path)
     reason = f"{found.reason}; {gate.message}"
-    return Assessment("long", reason, input_tokens, field, max_tokens, long_route=True)
+    return Assessment("long", reason, input_tokens, field, max_tokens, long_route=True, cost=cost)
 
 
 def plan_route(
@@ -178,8 +218,12 @@ def route_headers(cls: str | None, tier: str | None, reason: str | None) -> dict
     return {key: _header(value) for key, value in headers.items() if value}
 
 
-def count_prompt(body: Mapping[str, Any], path: str, counter: PromptCounter) -> int:
-    """Prompt tokens of a chat or completions body; 400 for a malformed prompt."""
+def count_prompt(
+    body: Mapping[str, Any], path: str, counter: PromptCounter, limit: int | None = None
+) -> int:
+    """Prompt tokens of a chat or completions body (the longest prompt of a list; a chat's
+    ``tools`` counted as their JSON); 400 for a malformed prompt. With ``limit``: exact up to
+    it, some number above it past it."""
     if path == CHAT:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -187,13 +231,19 @@ def count_prompt(body: Mapping[str, Any], path: str, counter: PromptCounter) -> 
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise _invalid(f"messages[{i}] must be an object with a string 'role'", "messages")
-        return counter.count_chat(messages)
+        tokens = counter.count_chat(messages, limit=limit)
+        tools = body.get("tools")
+        if isinstance(tools, list) and tools and (limit is None or tokens <= limit):
+            # The chat template writes the tools' schemas into the prompt, about as JSON.
+            text = json.dumps(tools, ensure_ascii=False, separators=(", ", ": "))
+            tokens += counter.count_text(text, limit=None if limit is None else limit - tokens)
+        return tokens
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return counter.count_text(prompt)
+        return counter.count_text(prompt, limit=limit)
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return max(counter.count_text(p) for p in prompt)
+            return max(counter.count_text(p, limit=limit) for p in prompt)
         if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
             return len(prompt)
         if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
@@ -249,7 +299,10 @@ def _no_chain(
         )
     headers = {"Retry-After": "5", **route_headers(request.cls, None, reason)}
     message = f"no tier can take this request now ({decision.reason}); retry shortly"
-    return APIError(503, _header(message), SERVER_ERROR, code=decision.error, headers=headers)
+    public = "no model server can take this request now; retry shortly"
+    return APIError(
+        503, _header(message), SERVER_ERROR, code=decision.error, headers=headers, public=public
+    )
 
 
 def _too_long(message: str, cls: str, reason: str, path: str) -> APIError:

@@ -1,6 +1,7 @@
 """OpenAI API endpoints: read the request, plan it, relay the chosen tier's answer.
 
-A completion request goes: body (size-limited, JSON object, served model) → ``assess``
+A completion request goes: body (size-limited, read within ``body_timeout``, JSON object, served
+model; all before the request takes one of the ``max_in_flight`` slots) → ``assess``
 (tokens, class) → ``plan_route`` (tiers and ``max_tokens``; gateway/request/plan.py) → the chain of
 tiers (gateway/request/relay.py), inside a ``gateway.request`` span with ``classify``, ``route`` and
 ``upstream`` children. Every answer carries ``x-route-class``, ``x-route-tier`` and
@@ -15,16 +16,18 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
 from opentelemetry import trace
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from backends.tier_state import TierState
 from gateway.control.shadow import ShadowJob
-from gateway.errors import SERVER_ERROR, APIError
+from gateway.errors import DETAIL, FULL_DETAIL, SERVER_ERROR, APIError, full_detail
 from gateway.request.exchange import Exchange, usage_tokens
 from gateway.request.plan import assess, plan_route, route_headers
 from gateway.request.relay import (
+    NO_SERVER,
     UpstreamStreamingResponse,
     open_chain,
     unless_client_leaves,
@@ -37,12 +40,41 @@ from gateway.telemetry import ATTR_CLASS, ATTR_INPUT_TOKENS, ATTR_REASON, inject
 logger = logging.getLogger(__name__)
 
 TIER_HEADER = "x-route-tier"
-__all__ = ["UpstreamStreamingResponse", "check_model", "parse_json_object", "wants_stream"]
+CLOSE = {"Connection": "close"}  # on an answer sent before the whole body was read
+# Objects and arrays in a request body, nested; OpenAI bodies (tool and response schemas
+# included) stay far below it, and it keeps every later encoder and walker off the recursion
+# limit (json.dumps of the body to a tier, for one).
+MAX_JSON_DEPTH = 64
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "UpstreamStreamingResponse",
+    "check_model",
+    "parse_json_object",
+    "wants_stream",
+]
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The request body, or 413 as soon as it is known to exceed ``max_bytes``."""
-    too_large = APIError(413, f"request body exceeds {max_bytes} bytes", code="request_too_large")
+async def read_body(request: Request, max_bytes: int, timeout: float = float("inf")) -> bytes:
+    """The request body, or 413 as soon as it is known to exceed ``max_bytes``, or 408 when it
+    has not all arrived within ``timeout`` seconds (both close the connection: the rest of the
+    body is never read)."""
+    try:
+        with anyio.fail_after(timeout):
+            return await _read_body(request, max_bytes)
+    except TimeoutError:
+        raise APIError(
+            408,
+            f"request body not received within {timeout:g} s",
+            code="request_timeout",
+            headers=CLOSE,
+        ) from None
+
+
+async def _read_body(request: Request, max_bytes: int) -> bytes:
+    too_large = APIError(
+        413, f"request body exceeds {max_bytes} bytes", code="request_too_large", headers=CLOSE
+    )
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes:
         raise too_large
@@ -58,9 +90,18 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """Decode a JSON object body; anything else is a one-line 400."""
+    """Decode a JSON object body nested at most ``MAX_JSON_DEPTH`` levels; anything else is a
+    one-line 400 (a body of ``[`` too: refused before the decoder, which recurses, sees it)."""
+    too_deep = APIError(
+        400,
+        f"request body is nested too deeply (objects and arrays more than {MAX_JSON_DEPTH} levels)",
+    )
+    if nested_deeper_than(raw, MAX_JSON_DEPTH):
+        raise too_deep
     try:
         body = json.loads(raw)
+    except RecursionError as exc:
+        raise too_deep from exc
     except json.JSONDecodeError as exc:
         raise APIError(
             400,
@@ -71,6 +112,26 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise APIError(400, f"request body must be a JSON object, got {type(body).__name__}")
     return body
+
+
+def nested_deeper_than(raw: bytes, limit: int) -> bool:
+    """Whether the JSON text ``raw`` nests objects and arrays more than ``limit`` levels (or
+    has brackets that never pair up, which the decoder then refuses anyway).
+
+    Byte operations only (no recursion, no Python loop per byte): string contents are dropped
+    (escapes first, then everything between two quotes), the brackets kept, and innermost
+    ``[]``/``{}`` pairs removed ``limit`` times; anything left is deeper than ``limit``.
+    """
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    bare = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    brackets = b"".join(bare.split(b'"')[::2]).translate(None, _NOT_BRACKETS)
+    for _ in range(limit):
+        paired = brackets.replace(b"[]", b"").replace(b"{}", b"")
+        if len(paired) == len(brackets):
+            break
+        brackets = paired
+    return bool(brackets)
 
 
 def check_model(body: dict[str, Any], model_name: str) -> dict[str, Any]:
@@ -101,44 +162,52 @@ def wants_stream(body: Mapping[str, Any]) -> bool:
     return body.get("stream") is True
 
 
+def note_detail(request: Request, runtime: Runtime) -> bool:
+    """Whether this request's client is told everything (the policy's ``errors.detail``, or an
+    admin key; gateway/errors.py), noted in the request's state for the error handler."""
+    if runtime.policies.active.policy.errors.detail == FULL_DETAIL:
+        request.scope.setdefault("state", {})[DETAIL] = FULL_DETAIL
+    return full_detail(request)
+
+
 async def _relay_completion(request: Request, path: str) -> Response:
     runtime = get_runtime(request)
-    if not runtime.admission.enter():
-        runtime.metrics.reject("overloaded")
-        limit = runtime.admission.limit
-        raise APIError(
-            503,
-            f"the gateway holds its limit of {limit} requests; retry shortly",
-            SERVER_ERROR,
-            code="overloaded",
-            headers={"Retry-After": "1"},
-        )
-    exchange = Exchange(
-        runtime.tracer,
-        runtime.metrics,
-        runtime.shared,
-        path,
-        on_finish=runtime.admission.leave,
-    )
+    config = runtime.config
+    note_detail(request, runtime)
+    exchange = Exchange(runtime.tracer, runtime.metrics, runtime.shared, path)
     async with exchange:  # leaving it finishes the exchange, unless a stream now owns it
         with trace.use_span(exchange.span, end_on_exit=False):
-            answer, shadow = await _completion(request, path, runtime, exchange)
+            # The whole body first: a client sending it slowly holds no in-flight slot.
+            raw = await read_body(request, config.max_body_bytes, config.body_timeout)
+            body = check_model(parse_json_object(raw), config.model_name)
+            if not runtime.admission.enter():
+                limit = runtime.admission.limit
+                raise APIError(
+                    503,
+                    f"the gateway holds its limit of {limit} requests; retry shortly",
+                    SERVER_ERROR,
+                    code="overloaded",
+                    headers={"Retry-After": "1"},
+                    public="the gateway is at capacity; retry shortly",
+                )
+            exchange.on_finish = runtime.admission.leave
+            answer, shadow = await _completion(request, body, path, runtime, exchange)
     if shadow is not None:  # once the exchange is finished (a whole answer) or owned by its stream
         offer_shadow(runtime, shadow)
     return answer
 
 
 async def _completion(
-    request: Request, path: str, runtime: Runtime, exchange: Exchange
+    request: Request, body: dict[str, Any], path: str, runtime: Runtime, exchange: Exchange
 ) -> tuple[Response, ShadowJob | None]:
     """The answer, and the job to offer to shadow sampling when a tier answered 200."""
     config, tracer = runtime.config, runtime.tracer
-    body = check_model(
-        parse_json_object(await read_body(request, config.max_body_bytes)), config.model_name
-    )
     active = runtime.policies.active
     with tracer.start_as_current_span("classify") as span:
-        found = assess(body, path, active.policy, active.rules, runtime.counter)
+        longest = max(tier.max_model_len for tier in config.tiers)
+        found = assess(
+            body, path, active.policy, active.rules, runtime.counter, context_limit=longest
+        )
         span.set_attributes(
             {
                 ATTR_CLASS: found.cls,
@@ -153,6 +222,11 @@ async def _completion(
         found.reason,
         found.input_tokens,
     )
+    # The rate limit took one unit at the door (gateway/auth.py): the rest of what it costs.
+    charge = getattr(request.state, "rate_charge", None)
+    if charge is not None and found.cost > 1:
+        await charge(found.cost - 1)
+    full = full_detail(request)
     pinned = request.headers.get(active.policy.pinning.header)
     with tracer.start_as_current_span("route") as span:
         plan = plan_route(found, active.policy, runtime.board.statuses(), pinned, path)
@@ -164,6 +238,11 @@ async def _completion(
     headers = dict(request.headers)
     inject_trace_headers(headers, trace.set_span_in_context(upstream_span))
 
+    # A stream's headers come once the tier has scheduled it (time in its queue, then the
+    # prompt's prefill): giving up on a silent tier is safe. A whole answer's come when it is
+    # complete: giving up would generate it again on the next tier, so read_timeout bounds it.
+    first_byte = active.policy.timeouts.first_byte_seconds if wants_stream(body) else float("inf")
+
     async def exchange_with_tiers() -> tuple[Response, ShadowJob | None]:
         try:
             tier, response = await open_chain(
@@ -173,28 +252,34 @@ async def _completion(
                 path,
                 headers,
                 exchange,
-                active.policy.timeouts.first_byte_seconds,
+                first_byte,
             )
         except APIError as exc:
             exc.headers.update(route_headers(plan.cls, None, plan.reason))
             raise
         upstream_span.set_attribute("gateway.route.tier", tier.name)
-        answer_headers = route_headers(plan.cls, tier.name, plan.reason)
+        answer_headers = route_headers(plan.cls, tier.name, plan.reason if full else None)
         link = exchange.span.get_span_context()  # shadow comparisons link to the request
         shadow = ShadowJob(
-            tier.name, path, plan.body_for(tier.name, body), plan.max_tokens_field, None, link
+            tier.name,
+            path,
+            plan.body_for(tier.name, body),
+            plan.max_tokens_field,
+            None,
+            link,
+            plan.cls,
         )
         if wants_stream(body) and response.status_code == 200:
             # From here on the streaming response owns the upstream and finishes the exchange;
             # its shadow job (no answer) is counted as dropped (streaming) when drawn.
             stream = UpstreamStreamingResponse(
-                runtime.upstream, tier, response, answer_headers, exchange
+                runtime.upstream, tier, response, answer_headers, exchange, full
             )
             return stream, shadow
         raw = await runtime.upstream.read(tier, response)
         prompt_tokens, exchange.output_tokens = usage_tokens(raw)
         exchange.input_tokens = prompt_tokens or exchange.input_tokens
-        answer = whole_response(tier, response, raw, answer_headers)
+        answer = whole_response(tier, response, raw, answer_headers, full)
         exchange.set_outcome(answer.status_code)
         if response.status_code == 200:
             return answer, dataclasses.replace(shadow, answer=raw)
@@ -227,6 +312,7 @@ async def completions(request: Request) -> Response:
 async def list_models(request: Request) -> Response:
     """``GET /v1/models``: the served model's entry, from the first ready tier that answers."""
     runtime = get_runtime(request)
+    note_detail(request, runtime)
     model_name = runtime.config.model_name
     ready = [s.name for s in runtime.board.statuses().values() if s.state == TierState.READY]
     failures: list[str] = []
@@ -249,6 +335,7 @@ async def list_models(request: Request) -> Response:
         SERVER_ERROR,
         code="no_tier_available",
         headers={"Retry-After": "5"},
+        public=NO_SERVER,
     )
 
 
@@ -262,6 +349,7 @@ def _models_answer(tier: str, raw: bytes, model_name: str) -> Response:
             f"tier '{tier}' sent a malformed /v1/models answer",
             SERVER_ERROR,
             code="upstream_error",
+            public="the model server sent a malformed model list",
         ) from exc
     served = [entry for entry in listed if entry.get("id") == model_name]
     if not served:
@@ -271,5 +359,6 @@ def _models_answer(tier: str, raw: bytes, model_name: str) -> Response:
             f"tier '{tier}' does not serve model '{model_name}' (it lists {ids})",
             SERVER_ERROR,
             code="model_mismatch",
+            public=f"the model server does not serve model '{model_name}'",
         )
     return JSONResponse({"object": "list", "data": served}, headers={TIER_HEADER: tier})

@@ -31,6 +31,7 @@ from gateway.request.upstream import Upstream, UpstreamUnavailable, aclose_quiet
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+NO_SERVER = "no model server is available; retry shortly"  # what clients are told
 
 
 async def open_chain(
@@ -72,11 +73,15 @@ async def open_chain(
         SERVER_ERROR,
         code="no_tier_available",
         headers={"Retry-After": "5"},
+        public=NO_SERVER,
     )
 
 
-def normalise_error(status: int, tier: TierEndpoint, raw: bytes) -> dict[str, Any]:
-    """An upstream error body in OpenAI's nested shape (vLLM may answer flat or non-JSON)."""
+def normalise_error(
+    status: int, tier: TierEndpoint, raw: bytes, full: bool = True
+) -> dict[str, Any]:
+    """An upstream error body in OpenAI's nested shape (vLLM may answer flat or non-JSON; a
+    body that is not an error object is quoted only with ``full`` detail)."""
     try:
         payload = json.loads(raw)
     except ValueError:
@@ -92,17 +97,23 @@ def normalise_error(status: int, tier: TierEndpoint, raw: bytes) -> dict[str, An
             payload.get("param") if isinstance(payload.get("param"), str) else None,
             code if isinstance(code, str) else None,
         )
+    if not full:
+        return error_body(f"the model server answered HTTP {status}", kind)
     text = " ".join(raw.decode("utf-8", "replace").split())[:200]
     return error_body(f"tier '{tier.name}' answered HTTP {status}: {text}", kind)
 
 
 def whole_response(
-    tier: TierEndpoint, upstream_response: httpx.Response, raw: bytes, headers: Mapping[str, str]
+    tier: TierEndpoint,
+    upstream_response: httpx.Response,
+    raw: bytes,
+    headers: Mapping[str, str],
+    full: bool = True,
 ) -> Response:
     """Relay a complete upstream answer with its status; errors keep OpenAI's shape."""
     status = upstream_response.status_code
     if status >= 400:
-        body = normalise_error(status, tier, raw)
+        body = normalise_error(status, tier, raw, full)
         return JSONResponse(body, status_code=status, headers=dict(headers))
     media_type = upstream_response.headers.get("content-type", "application/json")
     return Response(raw, status_code=status, media_type=media_type, headers=dict(headers))
@@ -114,6 +125,7 @@ async def relay_sse(
     response: httpx.Response,
     counter: SSECounter | None = None,
     on_first_byte: Callable[[], None] | None = None,
+    full: bool = True,
 ) -> AsyncGenerator[bytes, None]:
     """Yield upstream bytes as they arrive; a failure mid-stream ends with an SSE error event."""
     tail = b"\n\n"
@@ -134,7 +146,7 @@ async def relay_sse(
         if counter is not None:
             counter.failure = exc.status
         separator = b"" if tail == b"\n\n" else b"\n\n"
-        yield separator + sse_error_event(exc)
+        yield separator + sse_error_event(exc, full)
     finally:
         await aclose_quietly(response)
 
@@ -149,7 +161,9 @@ class UpstreamStreamingResponse(StreamingResponse):
         response: httpx.Response,
         headers: Mapping[str, str] | None = None,
         exchange: Exchange | None = None,
+        full: bool = True,
     ) -> None:
+        """``full``: a failure mid-stream tells the client everything (see gateway/errors.py)."""
         self._upstream_response = response
         self._exchange = exchange
         self._counter = SSECounter()
@@ -157,7 +171,7 @@ class UpstreamStreamingResponse(StreamingResponse):
         if exchange is not None:
             exchange.hand_to_stream()
             first_byte = exchange.first_byte
-        self._chunks = relay_sse(upstream, tier, response, self._counter, first_byte)
+        self._chunks = relay_sse(upstream, tier, response, self._counter, first_byte, full)
         super().__init__(
             self._chunks,
             status_code=response.status_code,

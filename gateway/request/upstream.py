@@ -32,6 +32,7 @@ class UpstreamUnavailable(APIError):
             f"tier '{tier}' is unreachable: {reason}",
             SERVER_ERROR,
             code="upstream_unavailable",
+            public="the model server is unreachable",
         )
         self.tier = tier
 
@@ -43,7 +44,11 @@ class UpstreamTimeout(APIError):
 
     def __init__(self, tier: str, reason: str) -> None:
         super().__init__(
-            504, f"tier '{tier}' timed out: {reason}", SERVER_ERROR, code="upstream_timeout"
+            504,
+            f"tier '{tier}' timed out: {reason}",
+            SERVER_ERROR,
+            code="upstream_timeout",
+            public="the model server timed out",
         )
         self.tier = tier
 
@@ -55,7 +60,11 @@ class UpstreamFailed(APIError):
 
     def __init__(self, tier: str, reason: str) -> None:
         super().__init__(
-            502, f"tier '{tier}' failed: {reason}", SERVER_ERROR, code="upstream_error"
+            502,
+            f"tier '{tier}' failed: {reason}",
+            SERVER_ERROR,
+            code="upstream_error",
+            public="the model server failed",
         )
         self.tier = tier
 
@@ -117,12 +126,16 @@ class Upstream:
         *,
         quiet: bool = False,
     ) -> httpx.Response:
-        """Open a streamed request; the caller must close the response (``aclose_quietly``)."""
+        """Open a streamed request; the caller must close the response (``aclose_quietly``).
+        The tier's own key, if it has one, is its bearer token (never the client's)."""
+        sent = forward_headers(headers or {})
+        if tier.api_key:
+            sent["authorization"] = f"Bearer {tier.api_key}"
         request = self.client.build_request(
             method,
             tier.base_url + path,
             json=json_body,
-            headers=forward_headers(headers or {}),
+            headers=sent,
             timeout=httpx.Timeout(timeout) if timeout is not None else httpx.USE_CLIENT_DEFAULT,
         )
         try:

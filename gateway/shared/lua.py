@@ -3,8 +3,9 @@
 ``INFLIGHT``: write one replica's in-flight snapshot unless a newer one (higher sequence number
 from the same owner) is already there, refresh its expiry and the replica registry, and count a
 request in the current second's bucket when a third key is given.
-``RATE_LIMIT``: an exact sliding-window log per key: allowed when fewer than ``limit`` requests
-were allowed in the last ``per`` seconds; answers ``{allowed, retry_after, remaining}``.
+``RATE_LIMIT``: an exact sliding-window log per key: a request costing ``cost`` units is allowed
+when the units allowed in the last ``per`` seconds plus ``cost`` are at most ``limit``; answers
+``{allowed, retry_after, remaining}``.
 """
 
 INFLIGHT = """
@@ -24,13 +25,15 @@ return 1
 """
 RATE_LIMIT = """
 local now, per, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local cost = tonumber(ARGV[5] or '1')
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - per)
 local count = redis.call('ZCARD', KEYS[1])
-if count < limit then
-  redis.call('ZADD', KEYS[1], now, ARGV[4])
+if count + cost <= limit then
+  for i = 1, cost do redis.call('ZADD', KEYS[1], now, ARGV[4] .. ':' .. i) end
   redis.call('PEXPIRE', KEYS[1], math.ceil(per * 1000))
-  return {1, '0', limit - count - 1}
+  return {1, '0', limit - count - cost}
 end
-local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return {0, tostring(tonumber(oldest[2]) + per - now), 0}
+local last = count + cost - limit - 1
+local leaving = redis.call('ZRANGE', KEYS[1], last, last, 'WITHSCORES')
+return {0, tostring(tonumber(leaving[2]) + per - now), 0}
 """

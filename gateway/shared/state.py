@@ -21,7 +21,8 @@ and a short-lived cache of tier health. Contract:
   second included) with MGET and divides by ``w``.
 - Rate limits: an exact sliding-window log (a sorted set per key, a Lua script): allowed when
   fewer than ``limit`` requests were allowed in the last ``per`` s; refusals are not recorded.
-  Times come from ``clock`` (replicas need synchronised clocks); locally, per replica.
+  Times come from ``clock`` (replicas need synchronised clocks); locally, per replica, with
+  memory bounded: empty windows are dropped and at most ``_MAX_LOCAL_WINDOWS`` kept.
 - Tier health: one JSON string with a Redis expiry (locally: an expiry on ``clock``).
 """
 
@@ -54,6 +55,10 @@ MAX_RATE_WINDOW = 300.0
 _POOL_SIZE = 64  # Redis connections per replica
 _BUCKET_TTL = 310  # seconds a per-second traffic bucket is kept
 _RESERVED = "__"  # hash fields starting with this are bookkeeping, not tiers
+# Without Redis: rate-limit windows are dropped once empty (looked for every _SWEEP_EVERY s), and
+# past _MAX_LOCAL_WINDOWS the least recently used go (their limits start again).
+_SWEEP_EVERY = 10.0
+_MAX_LOCAL_WINDOWS = 100_000
 
 
 @dataclass(frozen=True)
@@ -71,11 +76,22 @@ class _Local:
 
     inflight: dict[str, int] = field(default_factory=dict)
     buckets: dict[int, int] = field(default_factory=dict)
-    windows: dict[str, deque[float]] = field(default_factory=dict)  # one per key id seen
+    # key id -> (its window's length, the times of its units), least recently used first
+    windows: dict[str, tuple[float, deque[float]]] = field(default_factory=dict)
+    swept_at: float = float("-inf")
     health: dict[str, str] = field(default_factory=dict)
     health_until: float = 0.0
     values: dict[str, tuple[str, float]] = field(default_factory=dict)  # name -> (value, until)
     lists: dict[str, list[str]] = field(default_factory=dict)
+
+    def _sweep(self, now: float) -> None:
+        """Drop the rate windows with nothing left in them, every ``_SWEEP_EVERY`` seconds."""
+        if now < self.swept_at + _SWEEP_EVERY:
+            return
+        self.swept_at = now
+        for key, (per, stamps) in list(self.windows.items()):
+            if not stamps or stamps[-1] <= now - per:
+                del self.windows[key]
 
     def count_request(self, second: int) -> None:
         self.buckets[second] = self.buckets.get(second, 0) + 1
@@ -83,14 +99,20 @@ class _Local:
             for old in [s for s in self.buckets if s <= second - _BUCKET_TTL]:
                 del self.buckets[old]
 
-    def rate_limit(self, key_id: str, limit: int, per: float, now: float) -> RateDecision:
-        stamps = self.windows.setdefault(key_id, deque())
+    def rate_limit(
+        self, key_id: str, limit: int, per: float, now: float, cost: int = 1
+    ) -> RateDecision:
+        self._sweep(now)
+        _, stamps = self.windows.pop(key_id, (per, deque()))  # back in, as the most recent
+        self.windows[key_id] = (per, stamps)
+        while len(self.windows) > _MAX_LOCAL_WINDOWS:
+            del self.windows[next(iter(self.windows))]
         while stamps and stamps[0] <= now - per:
             stamps.popleft()
-        if len(stamps) < limit:
-            stamps.append(now)
+        if len(stamps) + cost <= limit:
+            stamps.extend([now] * cost)
             return RateDecision(True, 0.0, limit - len(stamps))
-        return RateDecision(False, stamps[0] + per - now, 0)
+        return RateDecision(False, stamps[len(stamps) + cost - limit - 1] + per - now, 0)
 
 
 @dataclass(frozen=True)
@@ -311,18 +333,24 @@ class SharedState:
 
     # ------------------------------------------------------------------ rate limits and health
 
-    async def rate_limit(self, key_id: str, limit: int, per: float) -> RateDecision:
-        """Allow at most ``limit`` requests per ``per`` seconds for ``key_id`` (sliding log)."""
-        if limit < 1 or per <= 0:
-            raise ValueError(f"need limit >= 1 and per > 0, not limit={limit}, per={per}")
+    async def rate_limit(
+        self, key_id: str, limit: int, per: float, *, cost: int = 1
+    ) -> RateDecision:
+        """Allow at most ``limit`` units per ``per`` seconds for ``key_id`` (sliding log); this
+        request takes ``cost`` units (1 <= cost <= limit), all or none."""
+        if limit < 1 or per <= 0 or not 1 <= cost <= limit:
+            raise ValueError(
+                f"need limit >= 1, per > 0 and 1 <= cost <= limit, not limit={limit}, "
+                f"per={per}, cost={cost}"
+            )
         now = self._clock()
         self._seq += 1
         member = f"{now!r}:{self._owner}:{self._seq}"  # unique across replicas
-        args: list[str | int] = [repr(now), repr(float(per)), limit, member]
+        args: list[str | int] = [repr(now), repr(float(per)), limit, member, cost]
         keys = [self._key("ratelimit", key_id)]
         raw = await self._run(lambda c: c.ratelimit(keys=keys, args=args))
         if raw is None:
-            return self._local.rate_limit(key_id, limit, per, now)
+            return self._local.rate_limit(key_id, limit, per, now, cost)
         allowed, retry_after, remaining = raw
         return RateDecision(bool(int(allowed)), max(0.0, float(retry_after)), int(remaining))
 

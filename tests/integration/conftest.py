@@ -30,6 +30,9 @@ pytestmark = pytest.mark.integration
 START_TIMEOUT = 1800.0  # a cold cache converts the model and builds its variants first
 TIERS = ("fp16", "int8", "int4")
 ADMIN_KEY = "integration-admin-key"
+# The tier guard's key (backends/tier_guard.py): given to up (MO_TIER_API_KEY) so tests and the
+# gateways they start can call the tiers' control routes (resets) themselves.
+TIER_KEY = "integration-tier-key"
 MODEL = "SmolLM2-135M-Instruct"
 
 
@@ -61,7 +64,7 @@ class Stack:
 def gateway_config(stack: Stack, **extra: Any) -> GatewayConfig:
     """A gateway over the stack's tiers with the shipped policy and the variants' tokenizer."""
     tiers = [
-        TierEndpoint(name=name, base_url=url, max_model_len=2048)
+        TierEndpoint(name=name, base_url=url, max_model_len=2048, api_key=TIER_KEY)
         for name, url in stack.tier_urls.items()
     ]
     settings: dict[str, Any] = {
@@ -166,7 +169,8 @@ def start_stack(log: Path, tiers: tuple[str, ...] = TIERS, extra: tuple[str, ...
     """Start ``model-optimizer up`` on free loopback ports and wait until the gateway is ready.
 
     The gateway routes by a copy of policies/routing.yaml beside ``log`` (so a test may edit
-    it), shares state in the machine's Redis and accepts ``ADMIN_KEY`` on /admin.
+    it), shares state in the machine's Redis, accepts ``ADMIN_KEY`` on /admin and gives its
+    tiers ``TIER_KEY``.
     """
     gw_port, base = free_port(), free_port_run(len(tiers))
     policy = log.parent / "routing.yaml"
@@ -179,7 +183,12 @@ def start_stack(log: Path, tiers: tuple[str, ...] = TIERS, extra: tuple[str, ...
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), "MO_GATEWAY_ADMIN_KEYS": ADMIN_KEY},
+            env={
+                **os.environ,
+                "PYTHONPATH": str(ROOT),
+                "MO_GATEWAY_ADMIN_KEYS": ADMIN_KEY,
+                "MO_TIER_API_KEY": TIER_KEY,
+            },
         )
     urls = {name: f"http://127.0.0.1:{base + i}" for i, name in enumerate(tiers)}
     stack = Stack(process, f"http://127.0.0.1:{gw_port}", urls, log, policy)

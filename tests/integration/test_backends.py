@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from backends.client import ResetResult, TierClient
-from tests.integration.conftest import ADMIN_KEY, Stack, cli
+from tests.integration.conftest import ADMIN_KEY, TIER_KEY, Stack, cli
 
 pytestmark = pytest.mark.integration
 MODEL = "SmolLM2-135M-Instruct"
@@ -91,7 +91,7 @@ def test_reset_empties_the_prefix_cache(stack: Stack) -> None:
 
     async def reset() -> ResetResult:
         async with httpx.AsyncClient(trust_env=False) as client:
-            tier = TierClient(stack.tier_urls["fp16"], client, model=MODEL)
+            tier = TierClient(stack.tier_urls["fp16"], client, model=MODEL, api_key=TIER_KEY)
             before = await tier.metrics()
             result = await tier.reset_kv_pool(verify=True)
             after = await tier.metrics()
@@ -101,6 +101,23 @@ def test_reset_empties_the_prefix_cache(stack: Stack) -> None:
     result = asyncio.run(reset())
     assert result.method == "reset_prefix_cache"  # sleep mode does not exist on CPU
     assert result.verified, result.detail
+
+
+def test_the_dev_routes_need_the_tier_key(stack: Stack) -> None:
+    """vLLM's dev mode serves /collective_rpc, /pause, /sleep ... with no key of its own; the
+    tier guard (backends/tier_guard.py) answers 401 there without the tier's key, while
+    /health and the OpenAI API stay open on loopback."""
+    url = stack.tier_urls["int4"]
+    for path in ("/collective_rpc", "/reset_prefix_cache", "/pause", "/server_info"):
+        method = "GET" if path == "/server_info" else "POST"
+        assert httpx.request(method, f"{url}{path}", timeout=10).status_code == 401, path
+        wrong = {"Authorization": "Bearer wrong"}
+        assert httpx.request(method, f"{url}{path}", headers=wrong, timeout=10).status_code == 401
+    keyed = {"Authorization": f"Bearer {TIER_KEY}"}
+    info = httpx.get(f"{url}/server_info", headers=keyed, timeout=30)
+    assert info.status_code == 200, info.text
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 200
 
 
 def test_check_serving_judges_the_running_tiers_as_up_did(stack: Stack) -> None:

@@ -434,3 +434,25 @@ async def test_warm_up_failure_is_reported(stub: StubTier) -> None:
 def test_probe_is_one_token_longer_than_a_block() -> None:
     assert len(probe_prompt(128)) == 129
     assert all(1000 <= t < 1100 for t in probe_prompt(300))
+
+
+# -- the tier guard's key ----------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_every_call_carries_the_tier_key_when_given(stub: StubTier) -> None:
+    """The tier guard (backends/tier_guard.py) answers 401 on the control routes without it."""
+    seen: list[str | None] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        return stub.handle(request)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as http:
+        client = TierClient(BASE, http, model="m", api_key="tier-secret")
+        await client.health()
+        await client.reset_kv_pool(verify=True)
+        await TierClient(BASE, http, model="m").health()
+    assert len(seen) > 4
+    assert seen[:-1] == ["Bearer tier-secret"] * (len(seen) - 1)
+    assert seen[-1] is None

@@ -62,3 +62,20 @@ def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
     assert _group_alive(pgid)
     tier.stop(grace=1.0)
     assert not _group_alive(pgid)
+
+
+def test_a_restart_keeps_the_previous_logs(tmp_path: Path) -> None:
+    """The crash log a restart would have truncated survives as tier.log.1 (then .2, .3)."""
+    tier = _tier(tmp_path, _fake_python(tmp_path, "import os\nprint('run', os.getpid())"))
+    pids = []
+    for _ in range(5):
+        tier.start()
+        assert tier.process is not None
+        tier.process.wait(timeout=30)
+        pids.append(tier.process.pid)
+    log = tmp_path / "tier.log"
+    assert log.read_text().split() == ["run", str(pids[-1])]
+    for back in (1, 2, 3):
+        previous = log.with_name(f"tier.log.{back}")
+        assert previous.read_text().split() == ["run", str(pids[-1 - back])]
+    assert not log.with_name("tier.log.4").exists()

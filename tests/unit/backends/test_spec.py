@@ -301,3 +301,17 @@ def test_relative_variants_dir_is_relative_to_the_spec_file(tmp_path: Path) -> N
     assert _error_of(lambda: load_spec(tmp_path / "nope.yaml")).startswith(
         f"{tmp_path / 'nope.yaml'}: cannot read deployment spec: "
     )
+
+
+def test_cuda_tiers_start_with_sleep_mode_and_cpu_tiers_never() -> None:
+    """Resets sleep and wake a GPU tier (backends/client.py reads enable_sleep_mode from
+    /server_info): that needs --enable-sleep-mode at start. vLLM refuses the flag on CPU, where
+    resets drop the prefix cache instead."""
+    spec = parse_spec(THREE.replace("port: 8102", "port: 8102, sleep_mode: false"))
+    cuda = _plan(spec, "cuda")
+    assert [t.sleep_mode for t in cuda] == [True, False, True]
+    assert "--enable-sleep-mode" in build_argv(Path("py"), cuda[0])
+    assert "--enable-sleep-mode" not in build_argv(Path("py"), cuda[1])
+    cpu = _plan(spec, "cpu")
+    assert [t.sleep_mode for t in cpu] == [False, False, False]
+    assert not any("--enable-sleep-mode" in build_argv(Path("py"), t) for t in cpu)

@@ -53,3 +53,45 @@ def test_env_is_offline_dev_mode_and_drops_kv_space_override() -> None:
     assert env["HF_HUB_OFFLINE"] == "1"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
     assert env["PATH"] == "/bin"
+
+
+def test_env_keeps_the_gateways_plain_keys_out_of_the_tier() -> None:
+    base = {
+        "PATH": "/bin",
+        "MO_GATEWAY_API_KEYS": "client-secret",
+        "MO_GATEWAY_ADMIN_KEYS": "admin-secret",
+        "MO_GATEWAY_ANYTHING": "x",
+    }
+    env = build_env(_launch(), base)
+    assert not [name for name in env if name.startswith("MO_GATEWAY_")]
+    assert "client-secret" not in env.values() and "admin-secret" not in env.values()
+    assert env["PATH"] == "/bin"
+
+
+def test_sleep_mode_flag_only_on_cuda() -> None:
+    assert "--enable-sleep-mode" in build_argv(Path("p"), _launch(device="cuda", sleep_mode=True))
+    assert "--enable-sleep-mode" not in build_argv(Path("p"), _launch(device="cuda"))
+    # vLLM refuses --enable-sleep-mode on CPU: a CPU launch never carries it.
+    assert "--enable-sleep-mode" not in build_argv(Path("p"), _launch(sleep_mode=True))
+
+
+def test_every_tier_loads_the_guard_and_gets_its_key_by_environment_only() -> None:
+    launch = _launch(api_key="per-run-secret")
+    argv = build_argv(Path("p"), launch)
+    assert _flag(argv, "--middleware") == "backends.tier_guard.TierGuard"
+    assert not any("per-run-secret" in arg for arg in argv)  # ps shows argv, not the env
+    assert "per-run-secret" not in repr(launch)
+    base = {"PATH": "/bin", "MO_TIER_API_KEY": "operator-key", "VLLM_API_KEY": "other"}
+    env = build_env(launch, base)
+    assert env["MO_TIER_API_KEY"] == "per-run-secret"
+    # VLLM_API_KEY would put a key the gateway does not send on /v1: never inherited.
+    assert "VLLM_API_KEY" not in env
+    # vLLM imports the guard from this checkout.
+    root = Path(env["PYTHONPATH"].split(":")[0])
+    assert (root / "backends" / "tier_guard.py").is_file()
+    assert build_env(_launch(), {"PYTHONPATH": "/x"})["PYTHONPATH"] == f"{root}:/x"
+
+
+def test_a_launch_without_a_key_hands_the_tier_none() -> None:
+    env = build_env(_launch(), {"MO_TIER_API_KEY": "inherited"})
+    assert "MO_TIER_API_KEY" not in env  # the guard then closes its routes to everyone

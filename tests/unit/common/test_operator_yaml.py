@@ -146,3 +146,9 @@ def test_dotted_and_line_of() -> None:
     assert dotted(()) == "(top level)"
     assert dotted(("ports", 1, "number")) == "ports[1].number"
     assert line_of(None, ("ports",)) == 1
+
+
+@pytest.mark.parametrize("text", ["limits: " + "[" * 5000, "limits: " + "[" * 5000 + "]" * 5000])
+def test_a_file_nested_too_deeply_is_one_line(text: str) -> None:
+    # PyYAML composes recursively: a deep file must be refused, not raise RecursionError.
+    assert _error(text) == "s.yaml:1: invalid YAML: nested too deeply"

@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint
+from gateway.server import server_options
 from tests.servers import ServerThread
 
 MODEL = "stub-model"
@@ -35,7 +36,8 @@ class StubTier:
     ``mode`` picks the behaviour of the completion endpoints:
     ``normal``; ``slow`` (a long stream, one chunk every 50 ms); ``die`` (two chunks, then the
     connection drops); ``unavailable`` (503); ``hang`` (no answer until the client leaves);
-    ``bad_request`` (400 in vLLM's flat error shape).
+    ``bad_request`` (400 in vLLM's flat error shape). ``whole_delay``: seconds a whole
+    (non-streamed) answer takes, as vLLM sends nothing until it is complete.
     """
 
     def __init__(self, model: str = MODEL) -> None:
@@ -43,6 +45,7 @@ class StubTier:
         self.mode = "normal"
         self.health_status = 200
         self.chunks = 3
+        self.whole_delay = 0.0
         self.metrics_text: str | None = None  # served at /metrics when set (else 404)
         self.answer_text = "The capital of France is Paris."  # chat answers
         self.completion_text = " Paris."  # completions answers
@@ -91,6 +94,7 @@ class StubTier:
             return JSONResponse({"error": {"message": "too late"}}, status_code=500)
         if body.get("stream"):
             return StreamingResponse(self._stream(chat), media_type="text/event-stream")
+        await asyncio.sleep(self.whole_delay)
         return JSONResponse(self._whole(chat))
 
     def _whole(self, chat: bool) -> dict[str, Any]:
@@ -155,12 +159,13 @@ class StubTier:
 
 
 @pytest.fixture
-def start_server() -> Iterator[Callable[[Any], str]]:
-    """Start an ASGI app on 127.0.0.1; returns its base URL. Stopped after the test."""
+def start_server() -> Iterator[Callable[..., str]]:
+    """Start an ASGI app on 127.0.0.1 (keywords: more uvicorn settings); returns its base URL.
+    Stopped after the test."""
     servers: list[ServerThread] = []
 
-    def start(app: Any) -> str:
-        server = ServerThread(app)
+    def start(app: Any, **options: Any) -> str:
+        server = ServerThread(app, **options)
         server.start()
         servers.append(server)
         return server.url
@@ -171,7 +176,7 @@ def start_server() -> Iterator[Callable[[Any], str]]:
 
 
 @pytest.fixture
-def make_stub(start_server: Callable[[Any], str]) -> Callable[[], StubTier]:
+def make_stub(start_server: Callable[..., str]) -> Callable[[], StubTier]:
     """Start another stub tier."""
 
     def make() -> StubTier:
@@ -197,13 +202,14 @@ def refused_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def start_gateway(start_server: Callable[[Any], str]) -> Callable[..., str]:
-    """Start the real gateway over the given tier URLs (named t0, t1, ...); returns its URL."""
+def start_gateway(start_server: Callable[..., str]) -> Callable[..., str]:
+    """Start the real gateway over the given tier URLs (named t0, t1, ...), served with the
+    gateway's own uvicorn settings (gateway/server.py); returns its URL."""
 
     def start(*tier_urls: str, **overrides: Any) -> str:
         tiers = [TierEndpoint(name=f"t{i}", base_url=url) for i, url in enumerate(tier_urls)]
         config = GatewayConfig(model_name=MODEL, tiers=tiers, **overrides)
-        return start_server(create_app(config))
+        return start_server(create_app(config), **server_options(config))
 
     return start
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from starlette.testclient import TestClient
@@ -12,9 +16,11 @@ from starlette.testclient import TestClient
 import gateway.__main__ as gateway_main
 import gateway.app as gateway_app
 from gateway import GatewayConfig, TierEndpoint, create_app
+from gateway.metrics import GatewayMetrics
 from gateway.request.upstream import Upstream
 
 KEYS = {"message", "type", "param", "code"}
+WAIT = 10.0
 
 
 def _config(url: str = "http://127.0.0.1:9") -> GatewayConfig:
@@ -70,6 +76,8 @@ def test_serve_binds_loopback_by_default(monkeypatch: pytest.MonkeyPatch) -> Non
     gateway_app.serve(_config(), port=8123)
     assert calls and calls[0]["host"] == "127.0.0.1"
     assert calls[0]["port"] == 8123
+    assert calls[0]["limit_concurrency"] == 1024  # the gateway's limits (gateway/server.py)
+    assert calls[0]["proxy_headers"] is False
 
 
 def test_main_loads_config_and_serves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,3 +102,106 @@ def test_main_reports_a_bad_config_with_exit_code_2(
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "missing.yaml" in err
+
+
+def test_healthz_is_503_while_no_runtime_is_alive() -> None:
+    # Without its lifespan (not started, or torn down by a failure) the gateway answers every
+    # /v1 request 500: /healthz must not say 200 then.
+    response = TestClient(create_app(_config())).get("/healthz")
+    assert response.status_code == 503
+    assert set(response.json()["error"]) == KEYS
+    assert response.json()["error"]["code"] == "not_alive"
+
+
+def test_keep_running_logs_counts_and_restarts_a_failing_loop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    metrics = GatewayMetrics()
+    calls: list[int] = []
+
+    async def loop() -> None:
+        calls.append(len(calls))
+        if len(calls) <= 2:
+            raise RecursionError("a bug")
+        await anyio.sleep_forever()
+
+    async def main() -> None:
+        with anyio.move_on_after(WAIT):
+            async with anyio.create_task_group() as group:
+                group.start_soon(
+                    partial(gateway_app.keep_running, delay=0.01), "scrape", loop, metrics
+                )
+                while len(calls) < 3:
+                    await anyio.sleep(0.01)
+                group.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert len(calls) == 3
+    text = metrics.render(None)[0].decode()
+    assert 'gateway_background_errors_total{loop="scrape"} 2.0' in text
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 2 and "scrape" in errors[0].getMessage()
+
+
+def test_a_failing_scrape_does_not_take_the_gateway_down(
+    stub: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An exception in a background loop ended the lifespan's task group: the runtime was torn
+    # down and every /v1 request answered 500 while /healthz said 200.
+    config = GatewayConfig(
+        model_name="stub-model",
+        tiers=[TierEndpoint(name="t0", base_url=stub.url)],
+        metrics_interval=0.05,
+    )
+    app = create_app(config)
+    with TestClient(app) as client:
+        real = gateway_app.apply_shared_marks
+        failures: list[int] = []
+
+        async def broken(*args: Any) -> None:
+            failures.append(1)
+            raise ValueError("a bad shared value")
+
+        monkeypatch.setattr(gateway_app, "apply_shared_marks", broken)
+        deadline = time.monotonic() + WAIT
+        while len(failures) < 2:  # failed, and was started again
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        monkeypatch.setattr(gateway_app, "apply_shared_marks", real)
+        chat = {"messages": [{"role": "user", "content": "hi"}]}
+        assert client.post("/v1/chat/completions", json=chat).status_code == 200
+        assert client.get("/healthz").status_code == 200
+        assert 'gateway_background_errors_total{loop="scrape"}' in client.get("/metrics").text
+
+
+def test_a_deeply_nested_policy_edit_leaves_the_gateway_serving_and_a_fix_applies(
+    stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Path
+) -> None:
+    # The issue's case: the edit raised RecursionError out of the watch, the lifespan tore
+    # the runtime down (every /v1 request and /readyz 500) and restoring the file did not help.
+    route = "[t0]"
+    good = (
+        f"tiers: [t0]\nroutes: {{tolerant: {route}, code: {route}, math: {route}, long: {route}}}\n"
+    )
+    policy = tmp_path / "routing.yaml"
+    policy.write_text(good)
+    gateway = start_gateway(stub.url, policy_path=str(policy), metrics_interval=0.2)
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+
+    def reloads(outcome: str) -> bool:
+        text = client.get(f"{gateway}/metrics").text
+        return f'gateway_policy_reloads_total{{outcome="{outcome}"}} 1.0' in text
+
+    policy.write_text(good + "saturation: " + "[" * 5000 + "]" * 5000 + "\n")
+    deadline = time.monotonic() + WAIT
+    while not reloads("rejected"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert client.post(f"{gateway}/v1/chat/completions", json=chat).status_code == 200
+    assert client.get(f"{gateway}/readyz").status_code == 200
+    assert client.get(f"{gateway}/healthz").status_code == 200
+    policy.write_text(good + "saturation: {max_requests_waiting: 8}\n")
+    while not reloads("applied"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert client.post(f"{gateway}/v1/chat/completions", json=chat).status_code == 200

@@ -10,8 +10,10 @@ import httpx
 import openai
 import pytest
 
+from gateway.app import create_app
 from gateway.auth import bearer, matches
 from gateway.config import GatewayConfig, TierEndpoint, hash_key, keys_from_environment
+from gateway.server import server_options
 from model_optimizer.envs import ROOT
 
 MODEL = "stub-model"
@@ -159,3 +161,87 @@ def test_keys_never_reach_the_logs(
     assert caplog.records  # the gateway did log (requests, refusals)
     for secret in (KEY, "sk-wrong-secret", ADMIN):
         assert secret not in logged
+
+
+def test_a_request_counts_against_the_rate_limit_as_the_sequences_it_generates(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    # n, best_of and list prompts multiply the tier's work; each request counted as one.
+    gateway = start_gateway(stub.url, rate_limit_per_minute=4)
+    url = f"{gateway}/v1/completions"
+    assert client.post(url, json={"prompt": "x", "n": 3}).status_code == 200  # 3 of 4
+    refused = client.post(url, json={"prompt": ["x", "y"]})  # 2 more: 5 > 4
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert len(stub.requests) == 1
+
+
+def test_a_request_costing_more_than_the_whole_rate_limit_is_400(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = start_gateway(stub.url, rate_limit_per_minute=3)
+    response = client.post(f"{gateway}/v1/completions", json={"prompt": "x", "n": 4})
+    assert response.status_code == 400  # a 429 would be retried for ever
+    error = response.json()["error"]
+    assert error["code"] == "request_costs_more_than_the_rate_limit"
+    assert "4" in error["message"] and "3 per minute" in error["message"]
+    assert stub.requests == []
+
+
+def test_keys_are_checked_under_a_root_path(
+    stub: Any, start_server: Any, client: httpx.Client
+) -> None:
+    # Served with a root path (uvicorn --root-path, a proxy's prefix), scope["path"] carries
+    # it: the check saw /api/v1/... as neither /v1 nor /admin and let it through unchecked,
+    # while the router, which strips the root path, served it.
+    config = GatewayConfig(
+        model_name=MODEL,
+        tiers=[TierEndpoint(name="t0", base_url=stub.url)],
+        api_key_hashes=[hash_key(KEY)],
+        admin_key_hashes=[hash_key(ADMIN)],
+    )
+    gateway = start_server(create_app(config), **server_options(config), root_path="/api")
+    assert client.post(f"{gateway}/v1/chat/completions", json=CHAT).status_code == 401
+    assert client.get(f"{gateway}/admin/tiers").status_code == 401
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert client.post(f"{gateway}/v1/chat/completions", json=CHAT, headers=auth).is_success
+    assert stub.requests and len(stub.requests) == 1
+
+
+def test_admin_requests_are_rate_limited_per_address(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = start_gateway(
+        stub.url, admin_key_hashes=[hash_key(ADMIN)], admin_rate_limit_per_minute=3
+    )
+    good, wrong = {"Authorization": f"Bearer {ADMIN}"}, {"Authorization": "Bearer guess"}
+    codes = [client.get(f"{gateway}/admin/tiers", headers=good).status_code for _ in range(2)]
+    codes.append(client.get(f"{gateway}/admin/tiers", headers=wrong).status_code)  # counted too
+    limited = client.get(f"{gateway}/admin/tiers", headers=good)
+    assert [*codes, limited.status_code] == [200, 200, 401, 429]
+    assert limited.json()["error"]["code"] == "rate_limit_exceeded"
+    assert int(limited.headers["retry-after"]) >= 1
+    assert client.post(f"{gateway}/v1/chat/completions", json=CHAT).status_code == 200
+    assert (
+        GatewayConfig(
+            model_name="m", tiers=[TierEndpoint(name="a", base_url="http://x")]
+        ).admin_rate_limit_per_minute
+        == 300
+    )
+
+
+def test_an_admin_key_also_opens_v1_and_shows_the_route_reason(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = start_gateway(
+        stub.url, api_key_hashes=[hash_key(KEY)], admin_key_hashes=[hash_key(ADMIN)]
+    )
+    as_user = client.post(
+        f"{gateway}/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {KEY}"}
+    )
+    assert as_user.status_code == 200 and "x-route-reason" not in as_user.headers
+    as_admin = client.post(
+        f"{gateway}/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {ADMIN}"}
+    )
+    assert as_admin.status_code == 200 and as_admin.headers["x-route-reason"]

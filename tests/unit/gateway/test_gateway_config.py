@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gateway.config import ConfigError, GatewayConfig, TierEndpoint, load_config
+from gateway.config import (
+    ConfigError,
+    GatewayConfig,
+    TierEndpoint,
+    keys_from_environment,
+    load_config,
+)
 
 
 def test_defaults_and_url_normalisation() -> None:
@@ -94,3 +100,17 @@ def test_load_config_rejects_bad_content(tmp_path: Path, text: str, expected: st
         load_config(path)
     assert str(caught.value).startswith(f"{path}:")
     assert "\n" not in str(caught.value)
+
+
+def test_the_tier_key_comes_from_the_environment_for_tiers_without_one() -> None:
+    config = GatewayConfig(
+        model_name="m",
+        tiers=[
+            TierEndpoint(name="a", base_url="http://127.0.0.1:1"),
+            TierEndpoint(name="b", base_url="http://127.0.0.1:2", api_key="own"),
+        ],
+    )
+    keyed = keys_from_environment(config, {"MO_TIER_API_KEY": "from-env"})
+    assert [t.api_key for t in keyed.tiers] == ["from-env", "own"]
+    assert keys_from_environment(config, {}).tiers[0].api_key is None
+    assert "from-env" not in repr(keyed)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
+import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -11,6 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from gateway.config import hash_key
 from gateway.errors import APIError, error_body, error_response, exception_handlers, sse_error_event
 
 KEYS = {"message", "type", "param", "code"}
@@ -88,3 +92,72 @@ def test_handlers_give_every_error_openai_shape() -> None:
         assert crash.status_code == 500
         assert crash.json()["error"]["type"] == "server_error"
         assert "secret" not in crash.text
+
+
+# --- how much a client is told (the policy's errors.detail) ---------------------------------
+
+ADMIN = "admin-key"
+CHAT = {"messages": [{"role": "user", "content": "Capital of France?"}]}
+INSIDES = ("t0", "t1", "127.0.0.1", "unreachable", "ConnectError")
+
+
+def _full_policy(tmp_path: Path, detail: str) -> str:
+    route = "[t0, t1]"
+    path = tmp_path / "routing.yaml"
+    path.write_text(
+        f"tiers: [t0, t1]\nroutes: {{tolerant: {route}, code: {route}, math: {route}, "
+        f"long: {route}}}\nerrors: {{detail: {detail}}}\n"
+    )
+    return str(path)
+
+
+def test_clients_are_not_told_the_tiers_insides_by_default(
+    refused_url: str, stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = start_gateway(refused_url, refused_url, admin_key_hashes=[hash_key(ADMIN)])
+    down = client.post(f"{gateway}/v1/chat/completions", json=CHAT)
+    assert down.status_code == 503
+    error = down.json()["error"]
+    assert error["code"] == "no_tier_available" and error["type"] == "server_error"
+    assert not any(word in error["message"] for word in INSIDES), error["message"]
+    assert "x-route-reason" not in down.headers
+    admin = {"Authorization": f"Bearer {ADMIN}"}  # an operator sees everything
+    told = client.post(f"{gateway}/v1/chat/completions", json=CHAT, headers=admin)
+    assert told.status_code == 503
+    assert "t0 (down)" in told.json()["error"]["message"]
+    assert "x-route-reason" in told.headers
+
+    served = start_gateway(stub.url, admin_key_hashes=[hash_key(ADMIN)])
+    answer = client.post(f"{served}/v1/chat/completions", json=CHAT)
+    assert answer.status_code == 200
+    assert (answer.headers["x-route-class"], answer.headers["x-route-tier"]) == ("tolerant", "t0")
+    assert "x-route-reason" not in answer.headers
+    answer = client.post(f"{served}/v1/chat/completions", json=CHAT, headers=admin)
+    assert answer.headers["x-route-reason"].startswith("tolerant")
+
+
+def test_a_stream_cut_short_tells_the_client_little(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    stub.mode = "die"
+    gateway = start_gateway(stub.url)
+    with client.stream(
+        "POST", f"{gateway}/v1/chat/completions", json={**CHAT, "stream": True}
+    ) as response:
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["code"] == "upstream_error"
+    assert not any(word in error["message"] for word in INSIDES), error["message"]
+
+
+def test_the_policy_may_tell_every_client_everything(
+    refused_url: str, stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Path
+) -> None:
+    policy = _full_policy(tmp_path, "full")
+    gateway = start_gateway(refused_url, stub.url, policy_path=policy, watch_policy=False)
+    answer = client.post(f"{gateway}/v1/chat/completions", json=CHAT)
+    assert answer.headers["x-route-tier"] == "t1"
+    assert answer.headers["x-route-reason"].startswith("tolerant")
+    stub.mode = "unavailable"
+    down = client.post(f"{gateway}/v1/chat/completions", json=CHAT)
+    assert "t1 answered 503" in down.json()["error"]["message"]

@@ -63,7 +63,7 @@ def test_models_reports_a_tier_serving_another_model(
     assert response.status_code == 502
     error = response.json()["error"]
     assert error["code"] == "model_mismatch"
-    assert "something-else" in error["message"]
+    assert error["message"] == f"the model server does not serve model '{MODEL}'"
 
 
 def test_models_without_tiers_is_503(

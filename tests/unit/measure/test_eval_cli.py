@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from measure import eval_cli, sandbox
 from measure.eval_cli import UsageError, parse_tiers
 from model_optimizer.cli import main
 
@@ -65,3 +66,49 @@ def test_an_unreachable_tier_is_exit_1(tmp_path: Path, capsys: pytest.CaptureFix
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and base in err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "tiers",
+    [
+        "fp16=http://10.1.2.3:8000",
+        "fp16=http://127.0.0.1:1,int4=https://models.example.com",
+        "fp16=http://0.0.0.0:8000",
+    ],
+)
+def test_eval_runs_no_code_from_another_machine_unless_told(
+    tiers: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """HumanEval executes what the tiers answer: a tier off this machine is refused (exit 2,
+    nothing contacted) unless --allow-remote-code says the operator trusts it."""
+    assert main(["eval", "--tiers", tiers, "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--allow-remote-code" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_allow_remote_code_lets_a_remote_tier_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[dict[str, str]] = []
+    monkeypatch.setattr(eval_cli, "_quality", lambda args, tiers, output: seen.append(tiers) or 0)
+    argv = ["eval", "--tiers", "fp16=http://10.1.2.3:8000", "--allow-remote-code"]
+    assert main(argv) == 0
+    assert seen == [{"fp16": "http://10.1.2.3:8000"}]
+    # eval routing runs no generated code: remote tiers need no flag there.
+    assert eval_cli.remote_tiers({"a": "http://[::1]:1", "b": "http://localhost:2"}) == []
+
+
+def test_no_sandbox_means_no_eval(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Where the code sandbox cannot run, eval stops before asking any tier (exit 1)."""
+
+    def unavailable() -> str:
+        raise sandbox.SandboxUnavailable("code sandbox unavailable: unshare not found")
+
+    monkeypatch.setattr(eval_cli, "check_sandbox", unavailable)
+    argv = ["eval", "--tiers", "fp16=http://127.0.0.1:1", "--output", str(tmp_path / "o")]
+    assert main(argv) == 1
+    assert (
+        capsys.readouterr().err
+        == "model-optimizer: error: code sandbox unavailable: unshare not found\n"
+    )

@@ -1,10 +1,19 @@
-"""measure/sandbox.py: a real subprocess each; no network, a timeout, limits, a clean cwd."""
+"""measure/sandbox.py: a real subprocess each, in its own network and PID namespaces, as an
+unprivileged user; a timeout, limits, a clean cwd."""
 
 from __future__ import annotations
 
+import os
+import socket
 import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
-from measure.sandbox import run_program
+import pytest
+
+from measure import sandbox
+from measure.sandbox import NOBODY, SandboxUnavailable, check_sandbox, run_program, sandbox_argv
 
 CORRECT = """
 def add(a, b):
@@ -32,26 +41,109 @@ def test_an_infinite_loop_times_out_and_is_killed() -> None:
     assert time.monotonic() - started < 10
 
 
-def test_network_attempts_fail() -> None:
-    program = """
-import socket, urllib.request
-for attempt in (
-    lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM),
-    lambda: socket.create_connection(("127.0.0.1", 9)),
-    lambda: __import__("_socket").socket(),
-    lambda: urllib.request.urlopen("http://127.0.0.1:9", timeout=2),
-):
+@pytest.fixture
+def listener() -> Iterator[int]:
+    """A port on this machine's loopback that accepts connections (outside the sandbox)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
+
+
+def test_network_attempts_fail(listener: int) -> None:
+    """Every way to a socket, the re-imported _socket and a subprocess included, finds no
+    network: the program has its own network namespace (a loopback that is down)."""
+    program = f"""
+import importlib, socket, subprocess, sys, urllib.request
+raw = importlib.import_module("_socket")
+attempts = (
+    lambda: socket.create_connection(("127.0.0.1", {listener}), timeout=2),
+    lambda: raw.socket(raw.AF_INET, raw.SOCK_STREAM).connect(("127.0.0.1", {listener})),
+    lambda: urllib.request.urlopen("http://127.0.0.1:{listener}", timeout=2),
+)
+for attempt in attempts:
     try:
         attempt()
     except OSError as exc:
         print("blocked:", exc)
     else:
         raise SystemExit("network reached")
+child = "import socket; socket.create_connection(('127.0.0.1', {listener}), timeout=2)"
+done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
+assert done.returncode != 0, "a subprocess reached the network"
+print("blocked: subprocess", done.stderr.strip().splitlines()[-1])
 """
     result = run_program(program, timeout=10)
     assert result.passed, result.output
-    assert result.output.count("blocked:") == 4
-    assert "network disabled in the sandbox" in result.output
+    assert result.output.count("blocked:") == 4, result.output
+
+
+def _running(token: str) -> list[int]:
+    """Processes on this machine whose command line holds ``token``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if token.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.parametrize("finish", ["exits", "times out"])
+def test_a_setsid_child_does_not_outlive_the_program(finish: str) -> None:
+    """A child in a new session (out of the process group) still dies with the program: the
+    program is PID 1 of its own PID namespace, and the kernel kills the rest with it."""
+    token = f"mo-sandbox-escape-{uuid.uuid4().hex}"
+    program = f"""
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "{token}"],
+                 start_new_session=True)
+time.sleep(0.5)
+{"time.sleep(60)" if finish == "times out" else ""}
+"""
+    result = run_program(program, timeout=3)
+    assert result.timed_out is (finish == "times out"), result.output
+    deadline = time.monotonic() + 5
+    while _running(token) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _running(token) == []
+
+
+def test_the_program_runs_unprivileged() -> None:
+    program = "import os\nprint('uid', os.getuid(), os.geteuid())\nassert os.geteuid() != 0\n"
+    result = run_program(program, timeout=10)
+    assert result.passed, result.output
+    if os.geteuid() == 0:
+        assert f"uid {NOBODY} {NOBODY}" in result.output
+
+
+def test_as_root_it_drops_to_nobody_in_new_namespaces() -> None:
+    argv = sandbox_argv(Path("/tmp/p/program.py"), "/usr/bin/python3", as_root=True)
+    assert argv[0] == "unshare" and {"--net", "--pid", "--kill-child"} <= set(argv)
+    assert "--user" not in argv and "--map-root-user" not in argv
+    setpriv = argv[argv.index("setpriv") :]
+    assert f"--reuid={NOBODY}" in setpriv and f"--regid={NOBODY}" in setpriv
+    assert "--no-new-privs" in setpriv and "--pdeathsig=keep" in setpriv
+    assert argv[-3:] == ["/usr/bin/python3", "-I", "/tmp/p/program.py"]
+
+
+def test_as_another_user_it_adds_a_user_namespace() -> None:
+    argv = sandbox_argv(Path("/tmp/p/program.py"), "/usr/bin/python3", as_root=False)
+    assert {"--user", "--net", "--pid", "--kill-child"} <= set(argv)
+    assert "setpriv" not in argv
+
+
+def test_no_sandbox_no_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without unshare the sandbox refuses to run anything (one line), never runs unconfined."""
+    check_sandbox.cache_clear()
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    try:
+        with pytest.raises(SandboxUnavailable, match=r"^code sandbox unavailable: .*unshare"):
+            run_program("print(1)\n", timeout=5)
+    finally:
+        check_sandbox.cache_clear()
 
 
 def test_runs_isolated_in_an_empty_temporary_folder() -> None:

@@ -18,8 +18,9 @@ tiers:
   - {name: int8, variant: int8, port: 8102}
 """
 SHIPPED_SUMMARY = (
-    "tiers fp16, int8, int4; routes tolerant -> int4, int8, fp16; code -> fp16, int8; "
-    "math -> fp16, int8; long -> most_free_kv of fp16, int8, int4"
+    "tiers fp16, int8, int4; routes tolerant -> derived (floor 0.6, latency) from int4, int8, "
+    "fp16; code -> derived (floor 0.9, latency) from fp16, int8; math -> derived (floor 0.9, "
+    "latency) from fp16, int8; long -> derived (floor 0.6, latency) from fp16, int8, int4"
 )
 
 

@@ -15,7 +15,14 @@ from backends.client import ResetResult, TierClientError
 from backends.tier_state import TierState
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint
-from gateway.control.resets import HISTORY, MARKS, ResetCoordinator, apply_shared_marks, parse_marks
+from gateway.control.resets import (
+    CURRENT,
+    HISTORY,
+    MARKS,
+    ResetCoordinator,
+    apply_shared_marks,
+    parse_marks,
+)
 from gateway.runtime import Runtime
 from gateway.shared.leader import LeaderLock
 from gateway.shared.state import SharedRecords
@@ -228,6 +235,48 @@ def test_marks_parse_leniently() -> None:
     assert parse_marks(None) == {} and parse_marks("not json") == {}
 
 
+@pytest.mark.parametrize("raw", ["5", '"draining"', '[["int8", "draining"]]', "null", "true"])
+def test_marks_that_are_not_an_object_are_no_marks(raw: str) -> None:
+    # Writing 5 to the marks key raised AttributeError in every replica's scrape loop.
+    assert parse_marks(raw) == {}
+
+
+def test_garbage_in_the_shared_reset_values_is_dropped_not_fatal(
+    three_stubs: list[str], tmp_path: Path
+) -> None:
+    good = {
+        "tier": "int8",
+        "started_at": NOON - 60,
+        "seconds": 1.0,
+        "outcome": "ok",
+        "detail": "",
+        "reason": "",
+        "leader": "x",
+        "token": 1,
+    }
+
+    async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
+        records = SharedRecords(runtime.shared)
+        await records.put(MARKS, "5", ttl=60)
+        await records.put(CURRENT, '["not", "a", "reset"]', ttl=60)
+        await records.push(HISTORY, json.dumps(good))
+        for bad in ("5", "not json", '{"tier": "fp16"}', json.dumps({**good, "started_at": "x"})):
+            await records.push(HISTORY, bad)
+        await apply_shared_marks(runtime, records)  # the scrape loop's step
+        decision = await coordinator.tick()
+        described = await coordinator.describe()
+        return decision, await coordinator.history(), described, await records.get(CURRENT)
+
+    (decision, history, described, current), calls = _with_coordinator(
+        three_stubs, _policy(tmp_path), scenario, [NOON]
+    )
+    assert decision is not None and decision.tier is None
+    assert [(r.tier, r.outcome) for r in history] == [("int8", "ok")]
+    assert [entry["tier"] for entry in described["history"]] == ["int8"]
+    assert current is None  # the unreadable record of a reset under way is cleared
+    assert calls == []
+
+
 def test_admin_resets_queue_and_describe(
     three_stubs: list[str], tmp_path: Path, start_gateway: Any, client: httpx.Client
 ) -> None:
@@ -239,3 +288,27 @@ def test_admin_resets_queue_and_describe(
     assert described["history"] == [] and described["current"] is None
     assert "enabled" in described["schedule"]
     assert client.post(f"{gateway}/admin/resets/t9", headers=auth).status_code == 404
+
+
+def test_the_coordinators_own_tier_client_sends_the_tiers_key(
+    make_stub: Any, tmp_path: Path
+) -> None:
+    """Resets reach the tier guard's routes (backends/tier_guard.py) with the tier's key."""
+    stubs = [make_stub() for _ in range(3)]
+    tiers = [
+        TierEndpoint(name=name, base_url=stub.url, api_key=f"key-{name}")
+        for name, stub in zip(("fp16", "int8", "int4"), stubs, strict=True)
+    ]
+    config = GatewayConfig(
+        model_name="stub-model", tiers=tiers, policy_path=str(_policy(tmp_path)), watch_policy=False
+    )
+    app = create_app(config)
+
+    async def main() -> None:
+        async with app.router.lifespan_context(app):
+            runtime: Runtime = app.state.runtime
+            coordinator = ResetCoordinator(runtime, LeaderLock(None, "test:leader", ttl=30.0))
+            await coordinator._tier_client("int8").warm_up("stub-model", requests=1)
+
+    asyncio.run(main())
+    assert stubs[1].last_request["headers"]["authorization"] == "Bearer key-int8"

@@ -41,6 +41,10 @@ def test_a_low_precision_tier_that_is_slower_and_worse_is_left_out() -> None:
     derived = derive_chain("tolerant", ROUTE, Goal(floor=0.6), figures, "fp16")
     assert derived.chain == ("int8", "fp16")
     assert derived.reasons["int4"].startswith("dominated by")
+    assert derived.overflow == ("int4",)  # only when int8 and fp16 cannot take a request
+    assert derived.tiers == ("int8", "fp16", "int4")
+    strict = derive_chain("tolerant", ROUTE, Goal(floor=0.6, overflow=False), figures, "fp16")
+    assert strict.tiers == ("int8", "fp16")
 
 
 def test_the_reference_stays_last_even_when_it_is_the_fastest() -> None:
@@ -117,7 +121,10 @@ def test_derive_routes_replaces_only_the_derive_routes(tmp_path: Path) -> None:
         "int4": _tier("int4", 0.65, 0.0261, tput=77),
     }
     derived_policy, derived = derive_routes(policy, figures, "fp16")
-    assert derived_policy.routes.tolerant.tiers == ["int8", "fp16"]
+    # int4 is slower and worse than int8: never preferred, kept after fp16 for overload only
+    assert derived_policy.routes.tolerant.tiers == ["int8", "fp16", "int4"]
+    assert derived["tolerant"].chain == ("int8", "fp16")
+    assert derived["tolerant"].overflow == ("int4",)
     assert derived_policy.routes.code.tiers == ["int8", "fp16"]
     assert derived_policy.routes.math.tiers == ["fp16", "int8"]  # as written: no derive
     assert derived_policy.routes.long.strategy == "most_free_kv"

@@ -30,7 +30,12 @@ def test_the_shipped_policy_loads() -> None:
     assert policy.routes.tolerant.tiers == ["int4", "int8", "fp16"]
     assert policy.routes.tolerant.strategy == "ordered"
     assert policy.routes.code.tiers == ["fp16", "int8"]
-    assert policy.routes.long.strategy == "most_free_kv"
+    assert policy.routes.long.tiers == ["fp16", "int8", "int4"]
+    # every class's order is derived from the measurements where the gateway has them
+    for cls in ("tolerant", "code", "math", "long"):
+        route = policy.routes.for_class(cls)
+        assert route is not None and route.derive is not None, cls
+    assert policy.routes.code.derive is not None and policy.routes.code.derive.floor == 0.9
     assert policy.classes.long.min_tokens == 1024
     assert policy.classes.model is not None and 0 < policy.classes.model.threshold < 0.5
     assert [o.name for o in policy.classes.overrides] == ["fenced_block"]

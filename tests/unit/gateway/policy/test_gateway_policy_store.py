@@ -436,3 +436,35 @@ async def _until(condition: Callable[[], bool]) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("timed out")
         await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    "error", [RecursionError("maximum recursion depth exceeded"), KeyError("x")]
+)
+def test_any_failure_while_building_is_a_rejection_not_a_crash(
+    store: PolicyStore, policy_file: Path, monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    # Only PolicyError was caught: anything else escaped reload() and ended the watch for good.
+    def broken(*args: object, **kwargs: object) -> None:
+        raise error
+
+    before = store.active
+    monkeypatch.setattr("gateway.policy.store.CompiledClasses.build", broken)
+    policy_file.write_text(EDITED)
+    assert store.reload() == "rejected"
+    assert store.active is before
+    assert store.last_error is not None
+    assert store.last_error.startswith(f"{policy_file}: cannot use routing policy: ")
+    assert type(error).__name__ in store.last_error and "\n" not in store.last_error
+    monkeypatch.undo()
+    assert store.reload() == "applied"  # the file fixed (here: the code), the watch goes on
+
+
+def test_a_deeply_nested_edit_is_rejected_and_the_restored_file_serves(
+    store: PolicyStore, policy_file: Path
+) -> None:
+    policy_file.write_text(GOOD + "saturation: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert store.reload() == "rejected"
+    assert store.last_error is not None and "nested too deeply" in store.last_error
+    policy_file.write_text(EDITED)
+    assert store.reload() == "applied"

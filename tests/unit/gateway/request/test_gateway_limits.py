@@ -295,3 +295,44 @@ def test_max_tokens_below_one_is_rejected() -> None:
         INVALID_VALUE,
         "max_tokens",
     )
+
+
+class Recording:
+    """Wraps a tokenizer and records how many characters it was asked to encode."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer, self.chars = tokenizer, 0
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> Any:
+        self.chars += len(text)
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+@pytest.mark.parametrize("text", ["The capital of France is Paris. " * 30_000, " " * 1_000_000])
+def test_counting_with_a_limit_stops_early_past_it(tokenizer: Tokenizer, text: str) -> None:
+    # Tokenizing a 1 MB prompt took ~0.5 s of the event loop; past the largest context the
+    # exact count is of no use, so the work is bounded by the limit, not by the body.
+    recording = Recording(tokenizer)
+    counter = TokenCounter(recording, CHATML)  # type: ignore[arg-type]
+    assert counter.count_text(text, limit=100) > 100
+    assert recording.chars < 100_000
+    recording.chars = 0
+    messages = [{"role": "user", "content": text}] * 3
+    assert counter.count_chat(messages, limit=100) > 100
+    assert recording.chars < 100_000
+    many = [{"role": "user", "content": "hi"}] * 50_000
+    assert counter.count_chat(many, limit=100) > 100
+    assert recording.chars < 100_000
+
+
+def test_counting_with_a_limit_is_exact_within_it(tokenizer: Tokenizer) -> None:
+    counter = TokenCounter(tokenizer, CHATML)
+    text = " ".join(SENTENCES) * 4
+    exact = counter.count_text(text)
+    for limit in (exact, exact + 1, 10 * exact):
+        assert counter.count_text(text, limit=limit) == exact
+    assert counter.count_text(text, limit=exact - 1) > exact - 1
+    messages = [{"role": "user", "content": text}, {"role": "assistant", "content": text}]
+    exact_chat = counter.count_chat(messages)
+    assert counter.count_chat(messages, limit=exact_chat) == exact_chat
+    assert counter.count_chat(messages, limit=exact_chat - 1) > exact_chat - 1

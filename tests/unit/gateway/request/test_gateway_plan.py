@@ -200,3 +200,52 @@ def test_the_assessment_carries_the_models_probability() -> None:
         ByteCounter(),
     )
     assert lists.cls == "math" and "2 prompts, #2 decides" in lists.reason
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (CHAT, _chat("word " * 200_000), "messages"),
+        (COMPLETIONS, {"prompt": "word " * 200_000}, "prompt"),
+        (COMPLETIONS, {"prompt": ["short", "word " * 200_000]}, "prompt"),
+    ],
+)
+def test_a_prompt_past_every_context_is_refused_after_bounded_counting(
+    path: str, body: dict[str, Any], param: str
+) -> None:
+    counted: list[int | None] = []
+
+    class Counting(ByteCounter):
+        def count_text(self, text: str, *, limit: int | None = None) -> int:
+            counted.append(limit)
+            return super().count_text(text, limit=limit)
+
+        def count_chat(self, messages: Any, *, limit: int | None = None) -> int:
+            counted.append(limit)
+            return super().count_chat(messages, limit=limit)
+
+    with pytest.raises(APIError) as caught:
+        assess(body, path, SHIPPED, RULES, Counting(), context_limit=2048)
+    error = caught.value
+    assert (error.status, error.code, error.param) == (400, "context_length_exceeded", param)
+    assert "at least 2048 tokens" in error.message
+    assert counted and set(counted) == {2047}  # counted only as far as the longest context
+
+
+def test_tools_count_as_prompt_tokens() -> None:
+    # The chat template renders the tools' schemas into the prompt: uncounted, a request with
+    # a big tools list passed every prompt limit.
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a word up. " * 20,
+            "parameters": {"type": "object", "properties": {"word": {"type": "string"}}},
+        },
+    }
+    bare = count_prompt(_chat("Hi"), CHAT, ByteCounter())
+    with_tools = count_prompt(_chat("Hi", tools=[tool] * 3), CHAT, ByteCounter())
+    assert with_tools - bare > 3 * len("Look a word up. " * 20)
+    with pytest.raises(APIError) as caught:
+        _plan(_chat("Hi", tools=[tool] * 10))  # over the shipped max_input_tokens (1536)
+    assert caught.value.code == "context_length_exceeded"

@@ -103,6 +103,21 @@ def test_send_opens_a_stream_and_forwards_safe_headers(stub: Any) -> None:
     assert stub.last_request["body"] == body
 
 
+def test_send_carries_the_tiers_own_key_never_the_clients(stub: Any) -> None:
+    """A tier with ``api_key`` (the tier guard's key, backends/tier_guard.py) gets it as its
+    bearer token on every call; the client's own Authorization still stays behind."""
+    tier = TierEndpoint(name="t", base_url=stub.url, api_key="tier-secret")
+    assert "tier-secret" not in repr(tier)
+
+    async def work(upstream: Upstream) -> None:
+        headers = {"authorization": "Bearer client-key"}
+        response = await upstream.send(tier, "POST", "/v1/chat/completions", {}, headers)
+        await upstream.read(tier, response)
+
+    asyncio.run(_with_upstream(work))
+    assert stub.last_request["headers"]["authorization"] == "Bearer tier-secret"
+
+
 def test_send_to_a_refused_port_is_retryable(refused_url: str) -> None:
     async def work(upstream: Upstream) -> None:
         await upstream.send(_tier(refused_url), "GET", "/health")

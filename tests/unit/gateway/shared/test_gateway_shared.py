@@ -381,3 +381,52 @@ def test_a_burst_larger_than_the_pool_stays_shared(redis_url: str, prefix: str) 
             await state.aclose()
 
     run(scenario)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["redis", "local"])
+def test_a_request_may_cost_several_units_of_a_rate_limit(
+    redis_url: str, prefix: str, shared: bool
+) -> None:
+    clock = Clock(1000.0)
+
+    async def scenario() -> None:
+        state = SharedState(redis_url if shared else None, prefix=prefix, clock=clock)
+        await state.start()
+        try:
+            assert state.shared is shared
+            assert await state.rate_limit("k", 5, 10, cost=3) == RateDecision(True, 0.0, 2)
+            clock.now = 1002.0
+            refused = await state.rate_limit("k", 5, 10, cost=3)  # 3 + 3 > 5
+            assert not refused.allowed and refused.retry_after == pytest.approx(8.0)
+            assert await state.rate_limit("k", 5, 10, cost=2) == RateDecision(True, 0.0, 0)
+            clock.now = 1010.0  # the 3 units of 1000 leave; the 2 of 1002 stay
+            assert await state.rate_limit("k", 5, 10, cost=3) == RateDecision(True, 0.0, 0)
+            with pytest.raises(ValueError):
+                await state.rate_limit("k", 5, 10, cost=6)  # could never be allowed
+            with pytest.raises(ValueError):
+                await state.rate_limit("k", 5, 10, cost=0)
+        finally:
+            await state.aclose()
+
+    run(scenario)
+
+
+def test_local_rate_windows_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without Redis every client address seen kept its window for ever.
+    clock = Clock(1000.0)
+
+    async def scenario() -> None:
+        state = SharedState(None, clock=clock)
+        for i in range(1000):
+            assert (await state.rate_limit(f"addr:10.0.{i // 256}.{i % 256}", 5, 60)).allowed
+        assert len(state._local.windows) == 1000
+        clock.now = 1061.0  # every window has expired
+        assert (await state.rate_limit("addr:new", 5, 60)).allowed
+        assert len(state._local.windows) == 1
+        monkeypatch.setattr("gateway.shared.state._MAX_LOCAL_WINDOWS", 100)
+        for i in range(500):  # within one window: the least recently used are dropped
+            await state.rate_limit(f"addr:{i}", 5, 60)
+        assert len(state._local.windows) <= 100
+        assert "addr:499" in state._local.windows
+
+    run(scenario)

@@ -1,0 +1,69 @@
+"""The live guard: shadow comparisons (gateway/control/shadow.py) as a guard on routing (pure).
+
+Each finished comparison of a tier's answer with the reference tier's adds one agreement to a
+window per (tier, class). When a window holds at least ``min_samples`` comparisons and their
+mean agreement is below the class's floor (``shadow.guard.floors`` in the routing policy),
+the tier is *withheld* from that class: the router skips it there (``TierBoard``), the gateway
+logs one warning and counts it (``gateway_live_guard_trips_total``). A withheld tier comes
+back only when an operator restores it (``POST /admin/tiers/{tier}/restore``), which is meant
+to follow a fresh in-engine check (``model-optimizer check --serving``); its window starts
+empty then.
+
+Agreement here is the shadow metric (the common prefix of two greedy answers over the longer
+one, at most ``shadow.max_tokens`` tokens), much stricter than the admission check's
+teacher-forced agreement: floors are set on its own scale.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    window: int
+    min_samples: int
+    floors: Mapping[str, float]  # class -> lowest mean agreement; a class not named: unguarded
+
+
+@dataclass
+class LiveGuard:
+    """Windows of recent agreements and the (tier, class) pairs withheld."""
+
+    _windows: dict[tuple[str, str], deque[float]] = field(default_factory=dict)
+    withheld: dict[str, set[str]] = field(default_factory=dict)
+
+    def record(self, settings: GuardSettings, tier: str, cls: str, agreement: float) -> bool:
+        """Add one comparison; ``True`` when it withholds ``tier`` from ``cls`` just now."""
+        floor = settings.floors.get(cls)
+        if floor is None or cls in self.withheld.get(tier, set()):
+            return False
+        window = self._windows.get((tier, cls))
+        if window is None or window.maxlen != settings.window:
+            window = deque(window or (), maxlen=settings.window)
+            self._windows[(tier, cls)] = window
+        window.append(agreement)
+        if len(window) < settings.min_samples or self.mean(tier, cls) >= floor:
+            return False
+        self.withheld.setdefault(tier, set()).add(cls)
+        return True
+
+    def mean(self, tier: str, cls: str) -> float:
+        window = self._windows.get((tier, cls))
+        return sum(window) / len(window) if window else 1.0
+
+    def samples(self, tier: str, cls: str) -> int:
+        window = self._windows.get((tier, cls))
+        return len(window) if window else 0
+
+    def restore(self, tier: str) -> list[str]:
+        """Put ``tier`` back in every class it was withheld from; its windows start empty."""
+        classes = sorted(self.withheld.pop(tier, set()))
+        for cls in classes:
+            self._windows.pop((tier, cls), None)
+        return classes
+
+    def classes_withheld(self, tier: str) -> frozenset[str]:
+        return frozenset(self.withheld.get(tier, set()))

@@ -1,0 +1,142 @@
+"""The gateway's uvicorn settings (gateway/server.py) on a real server on 127.0.0.1: time limits
+on request heads, connections per client, the concurrency and keep-alive limits, and whose
+X-Forwarded-For is believed."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.config import GatewayConfig, TierEndpoint
+from gateway.server import GatewayProtocol, server_options
+
+WAIT = 10.0
+CHAT = {"messages": [{"role": "user", "content": "Capital of France?"}]}
+
+
+def _connect(gateway: str) -> socket.socket:
+    host, port = gateway.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=WAIT)
+
+
+def _closed_within(sock: socket.socket, seconds: float, trickle: bytes = b"") -> float | None:
+    """Seconds until the server closed ``sock`` (sending ``trickle`` a byte at a time, one
+    every 0.1 s), or None if it was still open after ``seconds``."""
+    started = time.monotonic()
+    sock.settimeout(0.1)
+    sent = 0
+    while time.monotonic() - started < seconds:
+        try:
+            if not sock.recv(65536):
+                return time.monotonic() - started
+        except TimeoutError:
+            pass
+        except ConnectionResetError:
+            return time.monotonic() - started
+        if sent < len(trickle):
+            try:
+                sock.sendall(trickle[sent : sent + 1])
+            except OSError:
+                return time.monotonic() - started
+            sent += 1
+    return None
+
+
+def test_options_set_every_limit_deliberately() -> None:
+    config = GatewayConfig(
+        model_name="m",
+        tiers=[TierEndpoint(name="t0", base_url="http://127.0.0.1:9")],
+        max_connections=500,
+        keep_alive_timeout=7,
+    )
+    options = server_options(config)
+    assert options["limit_concurrency"] == 500
+    assert options["timeout_keep_alive"] == 7
+    assert options["proxy_headers"] is False  # X-Forwarded-For believed from nobody
+    assert options["server_header"] is False
+    assert issubclass(options["http"], GatewayProtocol)
+    trusting = server_options(config.model_copy(update={"forwarded_allow_ips": ["10.0.0.0/8"]}))
+    assert trusting["proxy_headers"] is True
+    assert trusting["forwarded_allow_ips"] == ["10.0.0.0/8"]
+
+
+def test_a_request_head_sent_slowly_is_cut_off(stub: Any, start_gateway: Any) -> None:
+    gateway = start_gateway(stub.url, header_timeout=1.0)
+    with _connect(gateway) as idle:  # connects and says nothing
+        assert (_closed_within(idle, 5) or 99) < 3
+    with _connect(gateway) as slow:  # keeps sending a header, a byte at a time
+        trickle = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * 100
+        assert (_closed_within(slow, 5, trickle) or 99) < 3
+
+
+def test_a_long_answer_is_not_cut_off_by_the_head_timeout(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    stub.mode = "slow"  # 20 s of chunks; the head arrived at once
+    gateway = start_gateway(stub.url, header_timeout=0.5)
+    with client.stream(
+        "POST", f"{gateway}/v1/chat/completions", json={**CHAT, "stream": True}
+    ) as response:
+        lines = response.iter_lines()
+        started = time.monotonic()
+        while time.monotonic() - started < 1.5:
+            assert next(lines) is not None
+    # Keep-alive: the same connection serves the next request after the head timeout.
+    assert client.post(f"{gateway}/v1/chat/completions", json=CHAT).status_code == 200
+
+
+def test_connections_per_client_are_bounded(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = start_gateway(stub.url, max_connections_per_client=3, header_timeout=30.0)
+    held = [_connect(gateway) for _ in range(3)]
+    try:
+        time.sleep(0.2)
+        with _connect(gateway) as fourth:
+            assert (_closed_within(fourth, 3) or 99) < 1
+        with pytest.raises(httpx.TransportError):
+            httpx.post(f"{gateway}/v1/chat/completions", json=CHAT, timeout=WAIT)
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + WAIT
+    while True:  # the server sees the held connections close
+        try:
+            if client.post(f"{gateway}/v1/chat/completions", json=CHAT).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_x_forwarded_for_from_loopback_does_not_dodge_the_per_address_limit(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    # uvicorn's default believes X-Forwarded-For from 127.0.0.1: a local client could name a
+    # new address with every request and never reach its per-address rate limit.
+    gateway = start_gateway(stub.url, rate_limit_per_minute=2)
+    statuses = [
+        client.post(
+            f"{gateway}/v1/chat/completions", json=CHAT, headers={"x-forwarded-for": f"10.0.0.{i}"}
+        ).status_code
+        for i in range(3)
+    ]
+    assert statuses == [200, 200, 429]
+
+
+def test_x_forwarded_for_is_believed_from_configured_proxies(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = start_gateway(stub.url, rate_limit_per_minute=2, forwarded_allow_ips=["127.0.0.1"])
+    statuses = [
+        client.post(
+            f"{gateway}/v1/chat/completions", json=CHAT, headers={"x-forwarded-for": f"10.0.0.{i}"}
+        ).status_code
+        for i in range(3)
+    ]
+    assert statuses == [200, 200, 200]  # three clients behind one trusted proxy
