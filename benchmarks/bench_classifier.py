@@ -3,6 +3,7 @@
     $(python3 -m model_optimizer.envs path gateway)/bin/python benchmarks/bench_classifier.py \\
         [--policy policies/routing.yaml] [--tokenizer PATH/tokenizer.json] [--runs 20000] \\
         [--tokens 1000] [--patterns] [--json benchmarks/results/classifier.json]
+        [--plot benchmarks/results/classifier_frontier.png]
 
 Two classifiers, each through the gateway's own ``classify_request`` (a one-message chat): the
 shipped policy's (the trained model, its threshold, its overrides) and the keyword rules
@@ -252,6 +253,44 @@ def bench_frontier(classifiers: dict[str, CompiledClasses]) -> dict[str, Any]:
     return out
 
 
+def plot_frontiers(frontiers: dict[str, Any], path: Path) -> None:
+    """Both classifiers' frontiers and their points under the run's routes, in one PNG."""
+    # Here, not at the top: a heavy import only the plot needs; Agg before pyplot.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5), dpi=110)
+    for (name, data), color in zip(frontiers.items(), ("tab:blue", "tab:orange"), strict=False):
+        front = data["frontier"]
+        ax.plot(
+            [p["cheap_share"] for p in front],
+            [p["quality"] for p in front],
+            "o-",
+            color=color,
+            label=f"{name}: Pareto frontier",
+        )
+        point = data["routes_point"]
+        ax.scatter(
+            [point["cheap_share"]],
+            [point["quality"]],
+            marker="*",
+            s=220,
+            color=color,
+            zorder=5,
+            label=f"{name}: the run's routes",
+        )
+    ax.set_xlabel("share of tokens served by tiers other than fp16")
+    ax.set_ylabel("quality relative to all-fp16 (token agreement)")
+    ax.set_title("Routing frontier re-scored: trained model vs keyword rules")
+    ax.set_xlim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower left", fontsize=8)
+    fig.savefig(path, format="png", bbox_inches="tight")
+    plt.close(fig)
+
+
 def _assignment(point: Point) -> str:
     return ", ".join(f"{cls}->{tier}" for cls, tier in point.assignment)
 
@@ -265,6 +304,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1000)
     parser.add_argument("--patterns", action="store_true", help="time each keyword pattern too")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON")
+    parser.add_argument("--plot", type=Path, help="also draw both frontiers into this PNG")
     args = parser.parse_args()
     try:
         path = find_tokenizer(args.tokenizer)
@@ -283,6 +323,8 @@ def main() -> None:
     figures["time_by_size"] = bench_sizes(classifiers, args.size_runs)
     figures["accuracy"] = bench_accuracy(classifiers)
     figures["frontier"] = bench_frontier(classifiers)
+    if args.plot and figures["frontier"]:
+        plot_frontiers(figures["frontier"], args.plot)
     figures["load_average_after"] = os.getloadavg()
     print(
         f"\n(load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} CPUs)"
