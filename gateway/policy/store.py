@@ -171,6 +171,7 @@ class PolicyStore:
                 }
                 for cls, d in active.derived.items()
             },
+            "classifier_model": _model_status(active.rules),
         }
 
     # ----------------------------------------------------------------------- helpers
@@ -249,3 +250,11 @@ def _notify(on_reload: Callable[[str], None], outcome: str) -> None:
         on_reload(outcome)
     except Exception:
         logger.exception("routing policy on_reload callback failed")
+
+
+def _model_status(rules: CompiledClasses) -> dict[str, Any] | None:
+    """The classifier model the policy loaded: name, version, the weights' sha256 (12 hex)."""
+    model = rules.model
+    if model is None:
+        return None
+    return {"name": model.name, "version": model.version, "digest": model.digest}
