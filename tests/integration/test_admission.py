@@ -4,6 +4,7 @@ pre-built variants, fp16 and a broken int8)."""
 
 from __future__ import annotations
 
+import random
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,16 +18,18 @@ from tests.integration.conftest import ADMIN_KEY, MODEL, Stack, start_stack, sto
 pytestmark = pytest.mark.integration
 
 # Multiply every attention output projection's int8 weight scales: the weights the engine
-# computes with are then 20x too large. Run in the optimize env (it has torch).
+# computes with are then ~20x too large. Run in the optimize env (it has torch). The factor
+# differs a little per run, so the weights (and the admission cache's key) are new each time
+# and the check really runs.
 BREAK = """
 import sys
 from safetensors.torch import load_file, save_file
-path = sys.argv[1]
+path, factor = sys.argv[1], float(sys.argv[2])
 tensors = load_file(path)
 hit = [k for k in tensors if k.endswith("self_attn.o_proj.weight_scale")]
 assert hit, "no o_proj weight scales"
 for k in hit:
-    tensors[k] = tensors[k] * 20
+    tensors[k] = tensors[k] * factor
 save_file(tensors, path, metadata={"format": "pt"})
 print(len(hit))
 """
@@ -38,7 +41,7 @@ def _broken_variants(folder: Path) -> Path:
     shutil.copytree(built / "int8", folder / "int8")
     weights = folder / "int8" / "model.safetensors"
     done = subprocess.run(
-        [str(env_python("optimize")), "-c", BREAK, str(weights)],
+        [str(env_python("optimize")), "-c", BREAK, str(weights), str(20 + random.random())],
         capture_output=True,
         text=True,
         timeout=300,
