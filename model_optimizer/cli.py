@@ -21,6 +21,7 @@ from measure.admission_run import CheckOptions
 from measure.admission_run import run_check as run_serving_check
 from measure.vllm_client import EndpointError
 from model_optimizer import __version__
+from model_optimizer import classifier as classifier_command
 from model_optimizer.models import AlreadyReported, ModelError
 from model_optimizer.optimize import run_check, run_optimize
 from model_optimizer.serving_check import admission_probes
@@ -86,6 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="serving benchmark of a gateway or tier")
     bench_command.add_arguments(bench)
     eval_cli.add_parser(sub)  # `eval` and `eval routing FILE`
+    classifier_command.add_parser(sub)  # `classifier train` and `classifier evaluate`
     return parser
 
 
@@ -245,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         return bench_command.run(args, StackLauncher())
     if args.command == "eval":
         return eval_cli.run(args)
+    if args.command == "classifier":
+        return classifier_command.run(args)
     try:
         return _up(args)
     except AlreadyReported as exc:

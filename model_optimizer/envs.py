@@ -19,6 +19,7 @@ from pathlib import Path
 
 from common.env_paths import (
     ENV_NAMES,
+    ON_DEMAND_ENV_NAMES,
     RECIPE_VERSION,
     REQUIREMENTS,
     ROOT,
@@ -34,6 +35,7 @@ from common.env_paths import (
 # Re-exported for the CLI, tests, benchmarks and scripts that import them from here.
 __all__ = [
     "ENV_NAMES",
+    "ON_DEMAND_ENV_NAMES",
     "RECIPE_VERSION",
     "REQUIREMENTS",
     "ROOT",
@@ -128,13 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m model_optimizer.envs")
     sub = parser.add_subparsers(dest="command", required=True)
     ens = sub.add_parser("ensure", help="create missing environments")
-    ens.add_argument("names", nargs="*", help=f"some of {', '.join(ENV_NAMES)} (default: all)")
+    known = (*ENV_NAMES, *ON_DEMAND_ENV_NAMES)
+    ens.add_argument(
+        "names", nargs="*", help=f"some of {', '.join(known)} (default: {', '.join(ENV_NAMES)})"
+    )
     path = sub.add_parser("path", help="print an environment's folder")
-    path.add_argument("name", choices=ENV_NAMES)
+    path.add_argument("name", choices=known)
     args = parser.parse_args(argv)
-    unknown = sorted(set(getattr(args, "names", [])) - set(ENV_NAMES))
+    unknown = sorted(set(getattr(args, "names", [])) - set(known))
     if unknown:
-        parser.error(f"unknown environment {unknown[0]!r}: choose from {', '.join(ENV_NAMES)}")
+        parser.error(f"unknown environment {unknown[0]!r}: choose from {', '.join(known)}")
     gpu = has_nvidia_gpu()
     if args.command == "path":
         print(env_dir(args.name, gpu))

@@ -8,8 +8,12 @@ Sections:
 - ``tiers``: the tier names this policy may route to (e.g. fp16, int8, int4). Every tier named
   elsewhere must be one of them, so a typo in a route is an error, not a silently dead route.
   Given ``known_tiers`` (the gateway's), ``parse_policy`` also refuses a tier not among them.
-- ``classes``: the classifier's rules (gateway/classify.py): ``long`` by prompt tokens, ``code``
-  and ``math`` by weighted signals against a threshold; ``tolerant`` is everything else.
+- ``classes`` (schema in gateway/policy/classes.py): the classifier (gateway/request/classify.py):
+  ``long`` by prompt tokens; then the
+  trained model (``model``: its weights file and the threshold on P(precise)) with operator
+  ``overrides``, or the keyword rules (``code`` and ``math`` by weighted signals against a
+  threshold); ``tolerant`` is everything else. Every regular expression must pass the
+  linear-time rule of gateway/policy/linear.py.
 - ``routes``: per class, the tiers to try: an ordered chain, or ``most_free_kv`` over a list.
 - ``saturation``: when a tier counts as saturated (skipped) from its scraped metrics.
 - ``limits``: prompt and completion token limits and what to do when a request exceeds them;
@@ -45,143 +49,28 @@ from common.operator_yaml import (
     read_text,
     validate,
 )
+from gateway.policy.classes import ClassesPolicy as ClassesPolicy
+from gateway.policy.classes import CodeRule as CodeRule
+from gateway.policy.classes import LongRule as LongRule
+from gateway.policy.classes import MathRule as MathRule
+from gateway.policy.classes import ModelRule as ModelRule
+from gateway.policy.classes import NonNegativeFloat, PositiveFloat, PositiveInt
+from gateway.policy.classes import Override as Override
+from gateway.policy.classes import Pattern as Pattern
+from gateway.policy.classes import TaskRule as TaskRule
+from gateway.policy.classes import WindowRule as WindowRule
+from gateway.policy.classes import check_name as _check_name
 
 ClassName = Literal["tolerant", "code", "math", "long"]
 CLASS_NAMES: tuple[ClassName, ...] = ("tolerant", "code", "math", "long")
 Strategy = Literal["ordered", "most_free_kv"]
 ResetWhen = Literal["window_and_quiet", "window_or_quiet", "window", "quiet"]
 Loc = tuple[str | int, ...]
-PositiveInt = Annotated[int, Field(strict=True, gt=0)]
-NonNegativeFloat = Annotated[float, Field(ge=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _HHMM = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])")
 
 
 class PolicyError(OperatorYamlError):
     """A routing policy that cannot be used; ``str()`` is one line naming file, line and field."""
-
-
-def _check_name(value: str, what: str) -> str:
-    if not _NAME.fullmatch(value):
-        raise ValueError(f"{what} {value!r} must be letters, digits, '_', '.' or '-'")
-    return value
-
-
-# --------------------------------------------------------------------------- classes
-
-
-class Pattern(Section):
-    """A named regular expression; each pattern that matches adds its ``weight`` once.
-
-    Python ``re`` syntax; flags inline, e.g. ``(?m)`` for ``^``/``$`` at line ends, ``(?i)`` to
-    ignore case. The name appears in the classification reason.
-    """
-
-    name: str
-    regex: str = Field(min_length=1)
-    weight: PositiveFloat = 1.0
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return _check_name(value, "pattern name")
-
-    @field_validator("regex")
-    @classmethod
-    def _compiles(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"bad regular expression {value!r}: {exc}") from None
-        return value
-
-
-def _keywords(value: list[str]) -> list[str]:
-    out: list[str] = []
-    for keyword in value:
-        if not keyword.strip():
-            raise ValueError("empty keyword")
-        folded = " ".join(keyword.split()).lower()
-        if folded in out:
-            raise ValueError(f"keyword {keyword!r} is listed twice")
-        out.append(folded)
-    return out
-
-
-def _one_word_keywords(value: list[str]) -> list[str]:
-    words = _keywords(value)
-    for word in words:
-        if " " in word:
-            raise ValueError(f"{word!r}: give single words here")
-    return words
-
-
-class TaskRule(Section):
-    """A request for work: one of ``verbs`` followed within ``window`` words by one of
-    ``objects`` ("write a Python function", "implement a binary search"). Adds ``weight`` once."""
-
-    verbs: list[str] = Field(min_length=1)
-    objects: list[str] = Field(min_length=1)
-    window: PositiveInt = 4
-    weight: PositiveFloat = 2.0
-
-    @field_validator("verbs", "objects")
-    @classmethod
-    def _words(cls, value: list[str]) -> list[str]:
-        return _one_word_keywords(value)
-
-
-class LongRule(Section):
-    """``long``: the prompt (chat template applied) has at least ``min_tokens`` tokens."""
-
-    min_tokens: PositiveInt = 1024
-
-
-class CodeRule(Section):
-    """``code``: score = fence_weight if a fenced block (```/~~~) is present
-    + keyword_weight per distinct keyword found + the task's weight when it is found
-    + each matching pattern's weight once."""
-
-    threshold: PositiveFloat = 2.0
-    fence_weight: NonNegativeFloat = 3.0
-    keywords: list[str] = Field(default_factory=list)
-    keyword_weight: NonNegativeFloat = 1.0
-    task: TaskRule | None = None
-    patterns: list[Pattern] = Field(default_factory=list)
-
-    @field_validator("keywords")
-    @classmethod
-    def _fold(cls, value: list[str]) -> list[str]:
-        return _keywords(value)
-
-
-class MathRule(Section):
-    """``math``: score = keyword_weight per distinct keyword + the task's weight when found
-    + each matching pattern's weight once + number_weight when the text has at least
-    ``min_numbers`` numbers and at least ``number_density`` numbers per word."""
-
-    threshold: PositiveFloat = 2.0
-    keywords: list[str] = Field(default_factory=list)
-    keyword_weight: NonNegativeFloat = 1.0
-    task: TaskRule | None = None
-    patterns: list[Pattern] = Field(default_factory=list)
-    number_density: float = Field(default=0.1, gt=0, le=1)
-    min_numbers: PositiveInt = 2
-    number_weight: NonNegativeFloat = 1.0
-
-    @field_validator("keywords")
-    @classmethod
-    def _fold(cls, value: list[str]) -> list[str]:
-        return _keywords(value)
-
-
-class ClassesPolicy(Section):
-    """The classifier's rules. ``tolerant`` has none: it is what nothing else claims."""
-
-    long: LongRule = Field(default_factory=LongRule)
-    code: CodeRule = Field(default_factory=CodeRule)
-    math: MathRule = Field(default_factory=MathRule)
 
 
 # --------------------------------------------------------------------------- routes

@@ -171,6 +171,7 @@ class PolicyStore:
                 }
                 for cls, d in active.derived.items()
             },
+            "classifier_model": _model_status(active.rules),
         }
 
     # ----------------------------------------------------------------------- helpers
@@ -189,7 +190,7 @@ class PolicyStore:
             raise PolicyError(f"{self.path}: cannot read routing policy: {exc}") from None
         try:
             policy = parse_policy(text, str(self.path), self.known_tiers)
-            rules = CompiledClasses.build(policy.classes)
+            rules = CompiledClasses.build(policy.classes, self.path.parent)
             policy, derived = derive_routes(policy, self.measured, self.reference)
         except PolicyError:
             raise
@@ -249,3 +250,11 @@ def _notify(on_reload: Callable[[str], None], outcome: str) -> None:
         on_reload(outcome)
     except Exception:
         logger.exception("routing policy on_reload callback failed")
+
+
+def _model_status(rules: CompiledClasses) -> dict[str, Any] | None:
+    """The classifier model the policy loaded: name, version, the weights' sha256 (12 hex)."""
+    model = rules.model
+    if model is None:
+        return None
+    return {"name": model.name, "version": model.version, "digest": model.digest}

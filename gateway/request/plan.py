@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError
 from gateway.policy.schema import RoutingPolicy
-from gateway.request.classify import CompiledClasses, classify, content_texts, request_text
+from gateway.request.classify import CompiledClasses, classify_request, content_texts
 from gateway.request.costs import request_cost
 from gateway.request.limits import check_limits, check_prompt
 from gateway.request.router import (
@@ -103,6 +103,7 @@ class Assessment:
     max_tokens: int | None  # None: not given
     long_route: bool = False  # re-classed long because the prompt is over max_input_tokens
     cost: int = 1  # sequences to generate: prompts x max(n, best_of) (gateway/request/costs.py)
+    p_precise: float | None = None  # the classifier model's probability, when it decided
 
 
 def plan_request(
@@ -154,10 +155,18 @@ def assess(
             code=CONTEXT_LENGTH_EXCEEDED,
         )
     field, max_tokens = requested_max_tokens(body, path)
-    found = classify(request_text(body), input_tokens, rules)
+    found = classify_request(body, input_tokens, rules)
     gate = check_prompt(input_tokens, policy.limits)
     if gate is None:
-        return Assessment(found.cls, found.reason, input_tokens, field, max_tokens, cost=cost)
+        return Assessment(
+            found.cls,
+            found.reason,
+            input_tokens,
+            field,
+            max_tokens,
+            cost=cost,
+            p_precise=found.p_precise,
+        )
     if gate.action == "reject":
         raise _too_long(gate.message, found.cls, found.reason, path)
     reason = f"{found.reason}; {gate.message}"

@@ -215,6 +215,8 @@ async def _completion(
                 ATTR_INPUT_TOKENS: found.input_tokens,
             }
         )
+        if found.p_precise is not None:
+            span.set_attribute("gateway.route.p_precise", found.p_precise)
     exchange.cls, exchange.reason, exchange.input_tokens = (
         found.cls,
         found.reason,

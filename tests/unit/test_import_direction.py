@@ -13,13 +13,22 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("common", "gateway", "backends", "optimizer", "measure", "model_optimizer")
+PACKAGES = (
+    "common",
+    "gateway",
+    "backends",
+    "optimizer",
+    "measure",
+    "model_optimizer",
+    "classifier",
+)
 # package -> the packages none of its modules may import
 FORBIDDEN = {
-    "gateway": ("optimizer",),
+    "gateway": ("optimizer", "classifier"),
+    "classifier": ("optimizer", "measure", "model_optimizer"),
     "backends": ("optimizer",),
     "measure": ("model_optimizer",),
-    "common": ("gateway", "backends", "optimizer", "measure", "model_optimizer"),
+    "common": ("gateway", "backends", "optimizer", "measure", "model_optimizer", "classifier"),
 }
 
 

@@ -37,7 +37,8 @@ def test_the_shipped_policy_loads() -> None:
         assert route is not None and route.derive is not None, cls
     assert policy.routes.code.derive is not None and policy.routes.code.derive.floor == 0.9
     assert policy.classes.long.min_tokens == 1024
-    assert policy.classes.code.patterns and policy.classes.math.patterns
+    assert policy.classes.model is not None and 0 < policy.classes.model.threshold < 0.5
+    assert [o.name for o in policy.classes.overrides] == ["fenced_block"]
     assert policy.limits.on_input_too_long == "reject"
     assert policy.limits.on_max_tokens_too_large == "clamp"
     assert policy.pinning.allow is False

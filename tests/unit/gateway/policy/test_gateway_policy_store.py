@@ -104,7 +104,10 @@ def test_load_serves_the_file(policy_file: Path, clock: Clock) -> None:
 
 def test_the_shipped_policy_loads_against_the_shipped_tiers() -> None:
     shipped = Path(__file__).resolve().parents[4] / "policies" / "routing.yaml"
-    assert PolicyStore(shipped, KNOWN).load().policy.tiers == list(KNOWN)
+    store = PolicyStore(shipped, KNOWN)
+    assert store.load().policy.tiers == list(KNOWN)
+    model = store.status()["classifier_model"]
+    assert (model["name"], model["version"], len(model["digest"])) == ("prompt-model", 1, 12)
 
 
 def test_nothing_is_served_before_a_load(policy_file: Path) -> None:
@@ -271,7 +274,9 @@ def test_status_describes_the_serving_policy(store: PolicyStore, policy_file: Pa
         "last_error_at",
         "policy",
         "derived_routes",
+        "classifier_model",
     }
+    assert status["classifier_model"] is None  # keyword rules, no model
     assert status["derived_routes"] == {}  # no measurements: routes as written
     assert status["path"] == str(policy_file)
     assert status["digest"] == _sha(GOOD)

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy.schema import ClassesPolicy, load_policy, parse_policy
+from gateway.policy.schema import ClassesPolicy, parse_policy
 from gateway.request.classify import (
     CODE,
     LONG,
@@ -15,15 +15,21 @@ from gateway.request.classify import (
 )
 
 ROOT = Path(__file__).resolve().parents[4]
-SHIPPED = load_policy(ROOT / "policies" / "routing.yaml").classes
 ROUTES = """\
 tiers: [fp16]
 routes: {tolerant: [fp16], code: [fp16], math: [fp16], long: [fp16]}
 """
+KEYWORD_RULES = ROOT / "policies" / "classes-keyword-rules.yaml"
 
 
 def _classes(yaml_classes: str) -> ClassesPolicy:
     return parse_policy(ROUTES + "classes:\n" + yaml_classes, "t.yaml").classes
+
+
+# The keyword rules (the classifier without a model), as the repository ships them.
+SHIPPED = parse_policy(
+    ROUTES + KEYWORD_RULES.read_text(encoding="utf-8"), str(KEYWORD_RULES)
+).classes
 
 
 SMALL = _classes(
@@ -36,7 +42,7 @@ SMALL = _classes(
     task: {verbs: [write], objects: [function], window: 3, weight: 2}
     patterns:
       - {name: semicolon_line, weight: 1, regex: ';\\n'}
-      - {name: def_line, weight: 2, regex: 'def \\w+\\('}
+      - {name: def_line, weight: 2, regex: 'def \\w{1,64}\\('}
   math:
     threshold: 2
     keywords: [solve, how many]

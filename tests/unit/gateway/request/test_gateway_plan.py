@@ -48,7 +48,7 @@ def _chat(text: str, **extra: Any) -> dict[str, Any]:
 def test_code_goes_to_fp16_and_chit_chat_to_int4() -> None:
     code = _plan(_chat("Write a Python function that reverses a linked list."))
     assert (code.cls, code.chain) == ("code", ("fp16", "int8"))
-    chat = _plan(_chat("Hi! How are you today?"))
+    chat = _plan(_chat("Write a short poem about autumn in Paris."))
     assert (chat.cls, chat.chain) == ("tolerant", ("int4", "int8", "fp16"))
     assert chat.reason.startswith("tolerant") and "| tolerant -> int4" in chat.reason
 
@@ -111,7 +111,7 @@ def test_reject_policy_refuses_max_tokens_beyond_the_tier() -> None:
 
 def test_tiers_not_ready_or_saturated_are_skipped() -> None:
     statuses = tier_statuses(int4={"state": "draining"}, int8={"requests_waiting": 10.0})
-    plan = _plan(_chat("Hi! How are you?"), statuses=statuses)
+    plan = _plan(_chat("Write a short poem about autumn in Paris."), statuses=statuses)
     assert plan.chain == ("fp16",)
     assert "int4 (draining)" in plan.reason and "int8 (saturated" in plan.reason
 
@@ -185,6 +185,21 @@ def test_route_headers_are_ascii_and_bounded() -> None:
     assert headers["x-route-reason"].isascii()
     assert len(headers["x-route-reason"]) <= 400
     assert route_headers(None, None, "r") == {"x-route-reason": "r"}
+
+
+def test_the_assessment_carries_the_models_probability() -> None:
+    code = assess(
+        _chat("Write a Python function that sorts a list."), CHAT, SHIPPED, RULES, ByteCounter()
+    )
+    assert code.cls == "code" and code.p_precise is not None and code.p_precise > 0.5
+    lists = assess(
+        {"prompt": ["Tell me a joke", "Solve 3x + 5 = 20"]},
+        COMPLETIONS,
+        SHIPPED,
+        RULES,
+        ByteCounter(),
+    )
+    assert lists.cls == "math" and "2 prompts, #2 decides" in lists.reason
 
 
 @pytest.mark.parametrize(
