@@ -36,6 +36,22 @@ def check_port_free(host: str, port: int) -> None:
             raise TierStartError(f"cannot bind {host}:{port}: {exc.strerror}") from exc
 
 
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (not yet listening), held so that nothing else, vLLM's
+    own random ports included, takes the port before the server that will use it starts
+    (``TierStartError`` when it is in use). The caller hands it to the server or closes it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise TierStartError(f"port {port} is already in use on {host}") from exc
+        raise TierStartError(f"cannot bind {host}:{port}: {exc.strerror}") from exc
+    return sock
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that was free a moment ago (for tests and ad-hoc runs)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -12,6 +12,7 @@ import dataclasses
 import os
 import secrets
 import signal
+import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from backends.platform import (
     native_precisions,
     serving_dtype,
 )
-from backends.process import check_port_free
+from backends.process import check_port_free, reserve_port
 from backends.spec import AdmissionSpec, load_spec, resolve_tiers
 from backends.supervisor import RestartPolicy, Supervisor
 from backends.vllm_args import LOOPBACK, TierLaunch
@@ -267,7 +268,15 @@ def gateway_config(
 def run_up(opts: UpOptions) -> int:
     """Bring the stack up and serve until interrupted. Raises on any start failure."""
     name = opts.served_model_name or served_name(opts.model)
-    check_port_free(LOOPBACK, opts.gateway_port)
+    # Held from now on: starting the tiers takes minutes, and vLLM binds random free ports.
+    gateway_socket = reserve_port(LOOPBACK, opts.gateway_port)
+    try:
+        return _run_up(opts, name, gateway_socket)
+    finally:
+        gateway_socket.close()
+
+
+def _run_up(opts: UpOptions, name: str, gateway_socket: socket.socket) -> int:
     _say(f"variants of {opts.model} ...")
     variants = phase_variants(opts, name)
     device = "cuda" if has_nvidia_gpu() else "cpu"
@@ -326,7 +335,7 @@ def run_up(opts: UpOptions) -> int:
                 **server_options(config),
             )
         )
-        server.run()
+        server.run(sockets=[gateway_socket])
     finally:
         _say("stopping tiers ...")
         supervisor.stop_all()
