@@ -11,7 +11,8 @@
   one costing more than the whole limit is a 400.
 - ``/admin/...``: always needs an admin key (``admin_key_hashes``); none configured means the
   admin API is off (403). Each client address gets ``admin_rate_limit_per_minute`` admin
-  requests per 60 s, counted before the key is checked (a wrong key counts too); over it: 429.
+  requests without a valid admin key per 60 s (401 each); past it: 429. Requests with a valid
+  admin key are not counted.
 - Everything else (``/healthz``, ``/readyz``, ``/metrics``) is open, as probes expect.
 Keys are compared as digests in constant time and never logged; the rate limiter sees only a
 12-character prefix of the digest. Paths are compared as the router sees them, without the
@@ -73,6 +74,10 @@ class AuthMiddleware:
                 raise APIError(
                     403, "the admin API is off: set MO_GATEWAY_ADMIN_KEYS", code="admin_disabled"
                 )
+            if matches(bearer(scope), self.admin_keys):
+                return
+            # Guessing is what must be bounded: only requests without a valid admin key count
+            # (an operator's dashboards and scripts are never throttled).
             shared = self.shared()
             if self.admin_rate_limit is not None and shared is not None:
                 client = scope.get("client") or ("unknown", 0)
@@ -80,9 +85,7 @@ class AuthMiddleware:
                 decision = await shared.rate_limit(f"admin:{client[0]}", limit, RATE_WINDOW)
                 if not decision.allowed:
                     raise _rate_limited(limit, decision.retry_after)
-            if not matches(bearer(scope), self.admin_keys):
-                raise _unauthorized("admin")
-            return
+            raise _unauthorized("admin")
         if not (path == "/v1" or path.startswith("/v1/")):
             return
         key = bearer(scope)
