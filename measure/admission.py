@@ -27,14 +27,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.class_categories import CLASS_CATEGORIES
+
 DEFAULT_FACTS = Path(__file__).parent / "data" / "admission_facts.jsonl"
-# Router classes → the probe categories a tier must pass to serve them.
-CLASS_CATEGORIES: dict[str, tuple[str, ...]] = {
-    "tolerant": ("chat",),
-    "code": ("code",),
-    "math": ("math",),
-    "long": ("chat", "code", "math"),
-}
 
 
 class AdmissionError(ValueError):

@@ -17,14 +17,12 @@ from gateway.policy.schema import CLASS_NAMES, PolicyError
 from gateway.policy.store import PolicyStore
 from measure import command as bench_command
 from measure import eval_cli
-from measure.admission_run import CheckOptions
-from measure.admission_run import run_check as run_serving_check
 from measure.vllm_client import EndpointError
 from model_optimizer import __version__
 from model_optimizer import classifier as classifier_command
 from model_optimizer.models import AlreadyReported, ModelError
 from model_optimizer.optimize import run_check, run_optimize
-from model_optimizer.serving_check import admission_probes
+from model_optimizer.serving_check import admission_probes, check_tiers
 from model_optimizer.soak import render, soak
 from model_optimizer.stack import DEFAULT_POLICY, DEFAULT_SPEC, StackLauncher, UpOptions, run_up
 
@@ -173,14 +171,8 @@ def _serving_check(args: argparse.Namespace) -> int:
     except (eval_cli.UsageError, SpecError) as exc:
         print(f"model-optimizer: error: {exc}", file=sys.stderr)
         return 2
-    opts = CheckOptions(
-        tiers=tiers,
-        reference=spec.reference,
-        floors={str(k): v for k, v in spec.floors.items()},
-        max_tokens=spec.max_tokens,
-    )
     try:
-        result = run_serving_check(opts, admission_probes())
+        result = check_tiers(tiers, spec, admission_probes())
     except EndpointError as exc:
         print(f"model-optimizer: error: {exc}", file=sys.stderr)
         return 1

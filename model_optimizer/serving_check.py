@@ -200,20 +200,31 @@ def is_emulated(launch: TierLaunch) -> bool:
     return launch.model_dir.parent.name.endswith(".emulated")
 
 
-def check(
-    launches: Sequence[TierLaunch], spec: AdmissionSpec, probes: Sequence[AdmissionProbe]
+def check_tiers(
+    tiers: Mapping[str, str],
+    spec: AdmissionSpec,
+    probes: Sequence[AdmissionProbe],
+    modes: Mapping[str, str] | None = None,
 ) -> CheckResult:
-    """One admission run over the running tiers."""
-    tiers = {t.name: f"http://{t.host}:{t.port}" for t in launches}
-    modes = {t.name: "emulated" if is_emulated(t) else "native" for t in launches}
+    """One admission run over running tiers (name -> base URL), judged by ``spec``: what
+    ``up`` does after the start and ``check --serving`` on demand."""
     opts = CheckOptions(
         tiers=tiers,
         reference=spec.reference,
         floors={str(k): v for k, v in spec.floors.items()},
         max_tokens=spec.max_tokens,
-        modes=modes,
+        modes=modes or {},
     )
     return run_check(opts, probes)
+
+
+def check(
+    launches: Sequence[TierLaunch], spec: AdmissionSpec, probes: Sequence[AdmissionProbe]
+) -> CheckResult:
+    """One admission run over the tiers ``up`` launched."""
+    tiers = {t.name: f"http://{t.host}:{t.port}" for t in launches}
+    modes = {t.name: "emulated" if is_emulated(t) else "native" for t in launches}
+    return check_tiers(tiers, spec, probes, modes)
 
 
 def admit(

@@ -25,15 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from common.class_categories import CLASS_CATEGORIES
 from gateway.policy.schema import CLASS_NAMES, Route, RoutingPolicy
-
-# Router classes → the admission check's probe categories a tier's quality is read on.
-CLASS_CATEGORIES: dict[str, tuple[str, ...]] = {
-    "tolerant": ("chat",),
-    "code": ("code",),
-    "math": ("math",),
-    "long": ("chat", "code", "math"),
-}
 
 
 @dataclass(frozen=True)
