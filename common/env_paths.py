@@ -7,11 +7,14 @@ every package, so measure/ and the CLI both use them without importing each othe
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,3 +109,22 @@ def env_dir(name: str, gpu: bool | None = None) -> Path:
 def env_python(name: str) -> Path:
     """The interpreter of environment ``name``."""
     return env_dir(name) / "bin" / "python"
+
+
+@contextmanager
+def cache_lock(path: Path, waiting: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (a lock file beside what it guards in the cache): two
+    ``./mo`` runs on one machine build an environment or a model's variants one after the
+    other, never both into the same folder. ``waiting`` is called once if another holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is not None:
+                waiting()
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

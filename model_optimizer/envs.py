@@ -8,13 +8,10 @@ when cached); ``python3 -m model_optimizer.envs path NAME`` prints an environmen
 from __future__ import annotations
 
 import argparse
-import fcntl
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from common.env_paths import (
@@ -24,6 +21,7 @@ from common.env_paths import (
     REQUIREMENTS,
     ROOT,
     EnvSpec,
+    cache_lock,
     cache_root,
     env_dir,
     env_hash,
@@ -40,6 +38,7 @@ __all__ = [
     "REQUIREMENTS",
     "ROOT",
     "EnvSpec",
+    "cache_lock",
     "cache_root",
     "ensure",
     "env_dir",
@@ -49,17 +48,6 @@ __all__ = [
     "main",
     "specs",
 ]
-
-
-@contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _pip(python: Path, *args: str) -> None:
@@ -114,7 +102,7 @@ def ensure(name: str, gpu: bool) -> Path:
     spec = specs(gpu)[name]
     target = cache_root() / "envs" / f"{name}-{env_hash(spec)}"
     done = target / ".complete"
-    with _lock(cache_root() / "envs" / f".{name}.lock"):
+    with cache_lock(cache_root() / "envs" / f".{name}.lock"):
         if not done.is_file():
             started = time.monotonic()
             print(f"setup: building the {name} environment in {target} ...", flush=True)

@@ -42,7 +42,7 @@ from gateway.config import (
 )
 from gateway.policy.store import PolicyStore
 from gateway.server import server_options
-from model_optimizer.envs import ROOT, cache_root, env_python, has_nvidia_gpu
+from model_optimizer.envs import ROOT, cache_lock, cache_root, env_python, has_nvidia_gpu
 from model_optimizer.models import AlreadyReported, ModelError
 from model_optimizer.optimize import installed_vllm, run_in_optimize_env, run_optimize
 from model_optimizer.progress import TierStarts
@@ -130,7 +130,11 @@ def phase_variants(opts: UpOptions, name: str) -> Path:
         return opts.variants
     folder = cache_root() / "variants" / name
     folder.parent.mkdir(parents=True, exist_ok=True)
-    code = run_optimize(opts.model, str(folder), opts.recipe, None, 1, None)
+    # Another up (or a test run's) may be building the same folder: one after the other, the
+    # second then finds them up to date.
+    lock = folder.parent / f".{name}.lock"
+    with cache_lock(lock, lambda: _say(f"waiting for another run building {folder} ...")):
+        code = run_optimize(opts.model, str(folder), opts.recipe, None, 1, None)
     if code != 0:
         raise AlreadyReported(code)  # the optimizer said why, in one line
     return folder

@@ -28,3 +28,33 @@ def test_cpu_and_gpu_serve_envs_differ() -> None:
         env_paths.specs(False)["serve"].requirements != env_paths.specs(True)["serve"].requirements
     )
     assert "torchvision" in env_paths.specs(False)["serve"].uninstall
+
+
+def test_cache_lock_makes_a_second_holder_wait(tmp_path: Path) -> None:
+    import threading
+
+    lock = tmp_path / "sub" / ".model.lock"
+    order: list[str] = []
+    first_holds = threading.Event()
+    second_waits = threading.Event()
+
+    def first() -> None:
+        with env_paths.cache_lock(lock):
+            first_holds.set()
+            assert second_waits.wait(10)
+            order.append("first done")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert first_holds.wait(10)
+    with env_paths.cache_lock(lock, waiting=second_waits.set):
+        order.append("second holds")
+    thread.join(10)
+    assert order == ["first done", "second holds"]
+
+
+def test_cache_lock_free_does_not_call_waiting(tmp_path: Path) -> None:
+    called: list[bool] = []
+    with env_paths.cache_lock(tmp_path / ".x.lock", waiting=lambda: called.append(True)):
+        pass
+    assert called == []
