@@ -160,11 +160,12 @@ def parse_spec(text: str, source: str = "<spec>") -> DeploymentSpec:
     spec = validate(DeploymentSpec, data, root, source, SpecError)
     spec._source, spec._root = source, root
     for loc, message in _problems(spec, None):
-        raise _error(spec, loc, message)
+        raise spec_error(spec, loc, message)
     return spec
 
 
-def _error(spec: DeploymentSpec, loc: Loc, message: str) -> SpecError:
+def spec_error(spec: DeploymentSpec, loc: Loc, message: str) -> SpecError:
+    """``file:line: field: message`` for ``loc`` of a parsed spec."""
     where = spec._source if spec._root is None else f"{spec._source}:{line_of(spec._root, loc)}"
     return SpecError(f"{where}: {dotted(loc)}: {message}")
 
@@ -177,7 +178,7 @@ def validate_spec(spec: DeploymentSpec, device: str) -> None:
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be cpu or cuda (resolve auto first), not {device!r}")
     for loc, message in _problems(spec, device):
-        raise _error(spec, loc, message)
+        raise spec_error(spec, loc, message)
 
 
 def _problems(spec: DeploymentSpec, device: str | None) -> Iterator[tuple[Loc, str]]:
@@ -289,6 +290,11 @@ def resolve_tiers(
 ) -> list[TierLaunch]:
     """Read each tier's variant (relative names under ``variants_dir``) and plan the launches."""
     validate_spec(spec, device)  # a bad spec fails before any folder is read
+    return plan_tiers(spec, read_variants(spec, variants_dir), device, installed_vllm, cpu_count)
+
+
+def read_variants(spec: DeploymentSpec, variants_dir: Path) -> dict[str, VariantInfo]:
+    """Each tier's variant (relative names under ``variants_dir``); errors name the tier."""
     variants: dict[str, VariantInfo] = {}
     for tier in spec.tiers:
         folder = (variants_dir / Path(tier.variant).expanduser()).absolute()
@@ -296,7 +302,7 @@ def resolve_tiers(
             variants[tier.name] = read_variant(folder)
         except SpecError as exc:
             raise SpecError(f"tier {tier.name}: {exc}") from None
-    return plan_tiers(spec, variants, device, installed_vllm, cpu_count)
+    return variants
 
 
 def plan_tiers(
@@ -347,23 +353,25 @@ def _plan_tier(
     seqs = tier.max_num_seqs or v.max_num_seqs
     batched = tier.max_num_batched_tokens or v.max_num_batched_tokens
     for loc, message in _limits(i, seqs, batched, origin):
-        raise _error(spec, loc, message)
+        raise spec_error(spec, loc, message)
     dtype = tier.kv_cache_dtype or v.kv_cache_dtype
     if device != "cuda" and dtype.startswith("fp8"):
-        raise _error(spec, ("tiers", i, "kv_cache_dtype"), f"{dtype} KV cache needs cuda{origin}")
+        raise spec_error(
+            spec, ("tiers", i, "kv_cache_dtype"), f"{dtype} KV cache needs cuda{origin}"
+        )
     kv_bytes = tier.kv_cache_memory_bytes or v.kv_cache_memory_bytes
     by_bytes = device == "cpu" or tier.gpu_memory_utilization is None
     if by_bytes and dtype == v.kv_cache_dtype and kv_bytes < v.bytes_per_token * max_len:
         tokens = kv_bytes // v.bytes_per_token
         message = f"{kv_bytes} bytes hold {tokens} tokens, fewer than max_model_len {max_len}"
-        raise _error(spec, ("tiers", i, "kv_cache_memory_bytes"), message + origin)
+        raise spec_error(spec, ("tiers", i, "kv_cache_memory_bytes"), message + origin)
     threads: str | None = None
     if device == "cpu":
         threads = tier.cpu_threads or str(i % cpu_count)
         highest = max(int(n) for n in re.split(r"[,-]", threads))
         if highest >= cpu_count:
             message = f"core {highest} does not exist (this machine has {cpu_count})"
-            raise _error(spec, ("tiers", i, "cpu_threads"), message)
+            raise spec_error(spec, ("tiers", i, "cpu_threads"), message)
     level = tier.compile_level if tier.compile_level is not None else v.compile_level
     return TierLaunch(
         name=tier.name,

@@ -379,6 +379,48 @@ def test_watch_follows_a_configmap_symlink_swap(tmp_path: Path, clock: Clock) ->
     assert outcomes[-1:] == ["applied"]
 
 
+def _kubelet_write(folder: Path, stamp: str, text: str) -> None:
+    """What kubelet's AtomicWriter does to a mounted ConfigMap: the payload in a new
+    timestamped folder, ``..data_tmp`` pointed at it and renamed over ``..data``, the
+    user-visible ``routing.yaml -> ..data/routing.yaml`` made once, the old folder removed."""
+    old = os.readlink(folder / "..data") if (folder / "..data").is_symlink() else None
+    (folder / stamp).mkdir()
+    (folder / stamp / "routing.yaml").write_text(text)
+    (folder / "..data_tmp").symlink_to(stamp)
+    os.replace(folder / "..data_tmp", folder / "..data")
+    if not (folder / "routing.yaml").is_symlink():
+        (folder / "routing.yaml").symlink_to("..data/routing.yaml")
+    if old is not None:
+        (folder / old / "routing.yaml").unlink()
+        (folder / old).rmdir()
+
+
+def test_watch_follows_kubelets_configmap_updates_one_after_another(
+    tmp_path: Path, clock: Clock
+) -> None:
+    _kubelet_write(tmp_path, "..2026_01_02_03_04_05.000000001", GOOD)
+    store = PolicyStore(tmp_path / "routing.yaml", KNOWN, clock=clock)
+    store.load()
+    second = EDITED.replace("tolerant: [int4, int8, fp16]", "tolerant: [int8, int4, fp16]")
+
+    def first_update() -> None:
+        _kubelet_write(tmp_path, "..2026_01_02_03_05_06.000000002", EDITED)
+
+    outcomes = asyncio.run(_watching(store, first_update, _edited(store)))
+    assert outcomes[-1:] == ["applied"]
+    assert store.active.policy.routes.code.tiers == ["int8", "fp16"]
+    assert not (tmp_path / "..2026_01_02_03_04_05.000000001").exists()
+
+    def second_update() -> None:
+        _kubelet_write(tmp_path, "..2026_01_02_03_06_07.000000003", second)
+
+    outcomes = asyncio.run(
+        _watching(store, second_update, lambda: store.active.digest == _sha(second))
+    )
+    assert outcomes[-1:] == ["applied"]
+    assert store.active.policy.routes.tolerant.tiers == ["int8", "int4", "fp16"]
+
+
 def test_a_cancelled_watch_ends_promptly_and_leaves_the_stop_event_alone(
     store: PolicyStore,
 ) -> None:

@@ -1,0 +1,69 @@
+"""What the operator chooses beyond the deployment spec (pure, validated on construction)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+Shape = Literal["per-tier", "co-located"]
+SHAPES: tuple[Shape, ...] = ("per-tier", "co-located")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+class OptionsError(ValueError):
+    """An option that cannot render; ``str()`` is one line naming the option."""
+
+
+@dataclass(frozen=True)
+class KubeOptions:
+    """The rendering's knobs; every default is closed (keys required, tiers unreachable but
+    from the gateway).
+
+    ``image`` holds the repository at ``/app`` and the gateway environment's packages
+    (``requirements/gateway.txt``); ``tier_image`` is vLLM's, with the engine ``engine`` that
+    the variants must have been built for. ``redis_url`` None renders a Redis of its own.
+    ``shape``: ``per-tier`` is one Deployment per tier, each with its own ``nvidia.com/gpu``;
+    ``co-located`` is the three tiers as containers of one pod sharing one GPU (claimed through
+    dynamic resource allocation from ``gpu_device_class``), with the spec's memory fractions.
+    """
+
+    namespace: str = "model-optimizer"
+    image: str = "model-optimizer:latest"
+    tier_image: str = "vllm/vllm-openai:v0.32.0"
+    engine: str = "vllm==0.32.0"
+    gateway_replicas: int = 2
+    max_gateway_replicas: int = 6
+    shape: Shape = "per-tier"
+    redis_url: str | None = None
+    secret_name: str = "model-optimizer-keys"
+    variants_claim: str = "model-optimizer-variants"
+    gpu_device_class: str = "gpu.nvidia.com"
+    rate_limit_per_minute: int = 600
+
+    def __post_init__(self) -> None:
+        for option in ("namespace", "secret_name", "variants_claim"):
+            value = getattr(self, option)
+            pattern = _DNS_LABEL if option == "namespace" else _DNS_NAME
+            if not pattern.fullmatch(value):
+                raise OptionsError(f"{option}: {value!r} is not a Kubernetes name")
+        if not _DNS_NAME.fullmatch(self.gpu_device_class):
+            raise OptionsError(f"gpu_device_class: {self.gpu_device_class!r} is not a name")
+        if self.shape not in SHAPES:
+            raise OptionsError(f"shape: must be one of {', '.join(SHAPES)}, not {self.shape!r}")
+        if self.gateway_replicas < 1:
+            raise OptionsError(f"gateway_replicas: must be at least 1, not {self.gateway_replicas}")
+        if self.max_gateway_replicas < self.gateway_replicas:
+            raise OptionsError(
+                f"max_gateway_replicas: {self.max_gateway_replicas} is below gateway_replicas "
+                f"{self.gateway_replicas}"
+            )
+        if self.rate_limit_per_minute < 1:
+            raise OptionsError("rate_limit_per_minute: must be at least 1")
+        if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://")):
+            raise OptionsError("redis_url: must start with redis:// or rediss://")
+        for option in ("image", "tier_image", "engine"):
+            value = getattr(self, option)
+            if not value or any(c.isspace() for c in value):
+                raise OptionsError(f"{option}: must be a non-empty word, not {value!r}")

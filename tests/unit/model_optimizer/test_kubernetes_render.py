@@ -1,0 +1,307 @@
+"""The Kubernetes rendering with plain values: every object, probes, selectors, the network
+policy, the tiers' command lines (the argv builder's) and the co-located pod."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from backends.spec import SpecError, VariantInfo, parse_spec
+from backends.vllm_args import TierLaunch, build_argv
+from gateway.config import GatewayConfig
+from model_optimizer.kubernetes.options import KubeOptions, OptionsError
+from model_optimizer.kubernetes.render import Sources, render
+
+SPEC = """\
+model_name: tiny-chat
+restart: {health_interval_s: 4, health_timeout_s: 3, health_misses: 5}
+tiers:
+  - {name: fp16, variant: fp16, port: 8101, gpu_memory_utilization: 0.3}
+  - {name: int8, variant: int8, port: 8102, gpu_memory_utilization: 0.25, max_model_len: 1024}
+  - {name: int4, variant: int4, port: 8103, gpu_memory_utilization: 0.2}
+"""
+SOURCES = Sources(policy_text="tiers: [fp16]\n", guard_text="# the guard\n")
+PORTS = {"fp16": 8101, "int8": 8102, "int4": 8103}
+Obj = dict[str, Any]
+
+
+def _info(name: str) -> VariantInfo:
+    return VariantInfo(
+        folder=Path("/local") / name,
+        variant=name,
+        passed=True,
+        framework="vllm==0.32.0",
+        compile_level=1,
+        max_model_len=2048,
+        max_num_seqs=8,
+        max_num_batched_tokens=2048,
+        kv_cache_dtype="auto",
+        kv_cache_memory_bytes=415457280,
+        bytes_per_token=23040,
+    )
+
+
+def _render(text: str = SPEC, **options: Any) -> list[Obj]:
+    spec = parse_spec(text, "t.yaml")
+    variants = {t.name: _info(t.name) for t in spec.tiers}
+    return render(spec, variants, SOURCES, KubeOptions(**options))
+
+
+def _of(objects: list[Obj], kind: str) -> list[Obj]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def _one(objects: list[Obj], kind: str, name: str) -> Obj:
+    [found] = [o for o in _of(objects, kind) if o["metadata"]["name"] == name]
+    return found
+
+
+def _pods(objects: list[Obj]) -> list[Obj]:
+    """(labels, pod spec) of every Deployment's pod template."""
+    return [d["spec"]["template"] for d in _of(objects, "Deployment")]
+
+
+def _selects(selector: dict[str, str], pod_labels: dict[str, str]) -> bool:
+    return all(pod_labels.get(key) == value for key, value in selector.items())
+
+
+def _containers(objects: list[Obj]) -> dict[str, Obj]:
+    return {c["name"]: c for pod in _pods(objects) for c in pod["spec"]["containers"]}
+
+
+def test_every_object_kind_is_rendered_in_apply_order() -> None:
+    objects = _render()
+    kinds = [o["kind"] for o in objects]
+    assert kinds[0] == "Namespace"
+    assert {
+        "Namespace",
+        "Deployment",
+        "Service",
+        "ConfigMap",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+        "HorizontalPodAutoscaler",
+    } == set(kinds)
+    names = {o["metadata"]["name"] for o in _of(objects, "Deployment")}
+    assert names == {"gateway", "redis", "tier-fp16", "tier-int8", "tier-int4"}
+    assert {o["metadata"]["name"] for o in _of(objects, "ConfigMap")} == {
+        "routing-policy",
+        "gateway-config",
+        "tier-guard",
+    }
+    assert "Secret" not in kinds  # keys are referenced, never rendered
+    for obj in objects[1:]:
+        assert obj["metadata"]["namespace"] == "model-optimizer", obj["metadata"]["name"]
+
+
+def test_gateway_probes_replicas_budget_and_autoscaler() -> None:
+    objects = _render(gateway_replicas=3, max_gateway_replicas=9)
+    gateway = _one(objects, "Deployment", "gateway")
+    assert gateway["spec"]["replicas"] == 3
+    [container] = gateway["spec"]["template"]["spec"]["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["command"][-4:] == ["--host", "0.0.0.0", "--port", "8000"]
+    pod_labels = gateway["spec"]["template"]["metadata"]["labels"]
+    pdb = _one(objects, "PodDisruptionBudget", "gateway")
+    assert pdb["spec"]["selector"]["matchLabels"] == pod_labels
+    assert pdb["spec"]["maxUnavailable"] == 1
+    hpa = _one(objects, "HorizontalPodAutoscaler", "gateway")["spec"]
+    assert hpa["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "gateway",
+    }
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (3, 9)
+    assert "cpu" in container["resources"]["requests"]  # the autoscaler's utilization needs it
+
+
+def test_tier_probes_come_from_the_specs_restart_policy() -> None:
+    containers = _containers(_render())
+    for name in PORTS:
+        tier = containers[name]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert tier[probe]["httpGet"] == {"path": "/health", "port": PORTS[name]}
+        live = tier["livenessProbe"]
+        assert (live["periodSeconds"], live["timeoutSeconds"], live["failureThreshold"]) == (
+            4,
+            3,
+            5,
+        )
+        start = tier["startupProbe"]
+        assert start["periodSeconds"] * start["failureThreshold"] >= 300  # start_timeout_s
+
+
+def test_every_selector_matches_its_pods_and_only_those() -> None:
+    objects = _render()
+    pods = _pods(objects)
+    for deployment in _of(objects, "Deployment"):
+        template = deployment["spec"]["template"]["metadata"]["labels"]
+        assert _selects(deployment["spec"]["selector"]["matchLabels"], template)
+        others = [p for p in pods if p["metadata"]["labels"] != template]
+        assert not any(
+            _selects(deployment["spec"]["selector"]["matchLabels"], p["metadata"]["labels"])
+            for p in others
+        ), deployment["metadata"]["name"]
+    for service in _of(objects, "Service"):
+        chosen = [p for p in pods if _selects(service["spec"]["selector"], p["metadata"]["labels"])]
+        assert len(chosen) == 1, service["metadata"]["name"]
+        ports = {c["containerPort"] for c in chosen[0]["spec"]["containers"][0]["ports"]}
+        assert service["spec"]["ports"][0]["targetPort"] in ports | {"http"}
+    tiers = [s for s in _of(objects, "Service") if s["metadata"]["name"].startswith("tier-")]
+    assert len(tiers) == 3 and all(s["spec"]["clusterIP"] == "None" for s in tiers)
+
+
+def test_only_gateway_pods_reach_the_tiers_and_redis() -> None:
+    objects = _render()
+    pods = {p["metadata"]["labels"].get("app.kubernetes.io/component"): p for p in _pods(objects)}
+    gateway_labels = pods["gateway"]["metadata"]["labels"]
+    policies = {p["metadata"]["name"]: p["spec"] for p in _of(objects, "NetworkPolicy")}
+    tiers = policies["tiers-from-gateway-only"]
+    selected = [
+        p["metadata"]["labels"].get("model-optimizer/tier")
+        for p in _pods(objects)
+        if _selects(tiers["podSelector"]["matchLabels"], p["metadata"]["labels"])
+    ]
+    assert sorted(selected) == ["fp16", "int4", "int8"]  # every tier pod, nothing else
+    assert tiers["policyTypes"] == ["Ingress", "Egress"] and tiers["egress"] == []
+    [rule] = tiers["ingress"]
+    [peer] = rule["from"]
+    assert set(peer) == {"podSelector"}  # no namespaceSelector, no ipBlock
+    assert peer["podSelector"]["matchLabels"] == gateway_labels
+    assert sorted(p["port"] for p in rule["ports"]) == sorted(PORTS.values())
+    redis = policies["redis-from-gateway-only"]
+    assert _selects(redis["podSelector"]["matchLabels"], pods["redis"]["metadata"]["labels"])
+    assert redis["ingress"][0]["from"][0]["podSelector"]["matchLabels"] == gateway_labels
+
+
+def test_tier_commands_are_the_argv_builders() -> None:
+    containers = _containers(_render())
+    expected = TierLaunch(
+        name="int8",
+        model_dir=Path("/variants/int8"),
+        served_model_name="tiny-chat",
+        port=8102,
+        host="0.0.0.0",
+        device="cuda",
+        max_model_len=1024,
+        max_num_seqs=8,
+        max_num_batched_tokens=2048,
+        kv_cache_memory_bytes=415457280,
+        gpu_memory_utilization=0.25,
+        sleep_mode=True,
+        extra_args=("-O1",),
+    )
+    assert containers["int8"]["command"] == build_argv(Path("python3"), expected)
+    for name, port in PORTS.items():
+        command = containers[name]["command"]
+        assert command[command.index("--port") + 1] == str(port)
+        assert command[command.index("--model") + 1] == f"/variants/{name}"
+
+
+def test_tiers_need_a_gpu_and_the_key_from_the_secret() -> None:
+    for name, tier in _containers(_render(secret_name="keys")).items():
+        if name not in PORTS:
+            continue
+        assert tier["resources"] == {
+            "requests": {"nvidia.com/gpu": 1},
+            "limits": {"nvidia.com/gpu": 1},
+        }
+        env = {e["name"]: e for e in tier["env"]}
+        assert env["VLLM_SERVER_DEV_MODE"]["value"] == "1"
+        for key in ("MO_TIER_API_KEY", "VLLM_API_KEY"):
+            assert env[key]["valueFrom"]["secretKeyRef"] == {"name": "keys", "key": "tier-key"}
+        assert env["PYTHONPATH"]["value"] == "/opt/model-optimizer"
+
+
+def test_the_co_located_shape_is_three_containers_sharing_one_gpu() -> None:
+    objects = _render(shape="co-located")
+    tier_pods = [d for d in _of(objects, "Deployment") if d["metadata"]["name"] == "tiers"]
+    assert len(tier_pods) == 1 and not any(
+        d["metadata"]["name"].startswith("tier-") for d in _of(objects, "Deployment")
+    )
+    pod = tier_pods[0]["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["fp16", "int8", "int4"]
+    assert "nvidia.com/gpu" not in yaml.safe_dump(objects)
+    [claim] = pod["resourceClaims"]
+    assert all(c["resources"] == {"claims": [{"name": claim["name"]}]} for c in pod["containers"])
+    [template] = _of(objects, "ResourceClaimTemplate")
+    assert template["metadata"]["name"] == claim["resourceClaimTemplateName"]
+    [request] = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["count"] == 1
+    shares = [
+        float(c["command"][c["command"].index("--gpu-memory-utilization") + 1])
+        for c in pod["containers"]
+    ]
+    assert shares == [0.3, 0.25, 0.2]
+    # The tiers start in turn: each but the last holds the next until its /health answers.
+    hooks = [c.get("lifecycle", {}).get("postStart") for c in pod["containers"]]
+    assert "8101/health" in hooks[0]["exec"]["command"][-1]
+    assert "8102/health" in hooks[1]["exec"]["command"][-1]
+    assert hooks[2] is None
+    for service in [
+        s for s in _of(objects, "Service") if s["metadata"]["name"].startswith("tier-")
+    ]:
+        assert _selects(
+            service["spec"]["selector"], tier_pods[0]["spec"]["template"]["metadata"]["labels"]
+        )
+
+
+def test_the_gateway_config_names_the_tiers_as_served_and_no_key() -> None:
+    objects = _render()
+    text = _one(objects, "ConfigMap", "gateway-config")["data"]["gateway.yaml"]
+    config = GatewayConfig.model_validate(yaml.safe_load(text))
+    assert [(t.name, t.base_url, t.max_model_len) for t in config.tiers] == [
+        ("fp16", "http://tier-fp16:8101", 2048),
+        ("int8", "http://tier-int8:8102", 1024),
+        ("int4", "http://tier-int4:8103", 2048),
+    ]
+    assert config.redis_url == "redis://redis:6379/0"
+    assert config.tokenizer_dir == "/variants/fp16"
+    assert config.policy_path == "/etc/model-optimizer/policy/routing.yaml"
+    assert config.api_key_hashes == [] and all(t.api_key is None for t in config.tiers)
+    assert _one(objects, "ConfigMap", "routing-policy")["data"] == {
+        "routing.yaml": SOURCES.policy_text
+    }
+    guard = _one(objects, "ConfigMap", "tier-guard")["data"]
+    assert guard == {"__init__.py": "", "tier_guard.py": SOURCES.guard_text}
+    gateway = _one(objects, "Deployment", "gateway")["spec"]["template"]["spec"]
+    [container] = gateway["containers"]
+    env = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for e in container["env"]}
+    assert env["MO_GATEWAY_API_KEYS"] == {"name": "model-optimizer-keys", "key": "api-keys"}
+    assert env["MO_TIER_API_KEY"] == {"name": "model-optimizer-keys", "key": "tier-key"}
+    # The policy's folder is mounted whole (kubelet updates no subPath mount).
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert "subPath" not in mounts["routing-policy"]
+    assert mounts["routing-policy"]["mountPath"] == "/etc/model-optimizer/policy"
+
+
+def test_an_external_redis_renders_none() -> None:
+    objects = _render(redis_url="redis://cache.example:6379/2")
+    assert not [o for o in objects if o["metadata"]["name"].startswith("redis")]
+    text = _one(objects, "ConfigMap", "gateway-config")["data"]["gateway.yaml"]
+    assert yaml.safe_load(text)["redis_url"] == "redis://cache.example:6379/2"
+
+
+def test_the_cuda_checks_of_up_hold() -> None:
+    crowded = SPEC.replace("0.3}", "0.6}")
+    with pytest.raises(SpecError, match=r"^t\.yaml:\d+: tiers: gpu_memory_utilization sums"):
+        _render(crowded)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"namespace": "Bad_Name"}, "namespace"),
+        ({"gateway_replicas": 0}, "gateway_replicas"),
+        ({"gateway_replicas": 4, "max_gateway_replicas": 3}, "max_gateway_replicas"),
+        ({"redis_url": "http://x"}, "redis_url"),
+        ({"shape": "sideways"}, "shape"),
+    ],
+)
+def test_bad_options_name_the_option(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(OptionsError, match=f"^{message}:"):
+        KubeOptions(**options)
