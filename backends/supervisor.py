@@ -124,8 +124,11 @@ class Supervisor:
         on_state: StateListener | None = None,
         start_timeout: float = 300.0,
         probe: Probe = probe_health,
+        before_start: Callable[[TierLaunch], None] | None = None,
     ) -> None:
         self.policy = policy or RestartPolicy()
+        # Called just before a tier's first start, e.g. to release the port held for it.
+        self._before_start = before_start
         self._probe = probe
         self.records = {
             launch.name: TierRecord(
@@ -188,6 +191,8 @@ class Supervisor:
         turn = self._start_turn if record.launch.device == "cuda" else contextlib.nullcontext()
         try:
             with turn:
+                if self._before_start:
+                    self._before_start(record.launch)
                 record.process.start()
                 record.process.wait_ready(self._start_timeout, on_tick=tick)
             if self._warm_up:

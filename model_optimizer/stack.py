@@ -28,7 +28,7 @@ from backends.platform import (
     native_precisions,
     serving_dtype,
 )
-from backends.process import check_port_free, reserve_port
+from backends.process import reserve_port
 from backends.spec import AdmissionSpec, load_spec, resolve_tiers
 from backends.supervisor import RestartPolicy, Supervisor
 from backends.vllm_args import LOOPBACK, TierLaunch
@@ -285,8 +285,33 @@ def _run_up(opts: UpOptions, name: str, gateway_socket: socket.socket) -> int:
     variants = phase_variants(opts, name)
     device = "cuda" if has_nvidia_gpu() else "cpu"
     launches = phase_emulation(phase_launches(opts, name, variants), variants, device)
-    for launch in launches:
-        check_port_free(launch.host, launch.port)
+    # Each tier's port is held until just before its tier starts: the tiers start in turn over
+    # minutes, and the first ones' vLLM processes (or another run's) bind random free ports.
+    held: dict[int, socket.socket] = {}
+    try:
+        for launch in launches:
+            held[launch.port] = reserve_port(launch.host, launch.port)
+        return _serve(opts, name, gateway_socket, variants, launches, held)
+    finally:
+        for sock in held.values():
+            sock.close()
+
+
+def _release(held: dict[int, socket.socket], launch: TierLaunch) -> None:
+    sock = held.pop(launch.port, None)
+    if sock is not None:
+        sock.close()
+
+
+def _serve(
+    opts: UpOptions,
+    name: str,
+    gateway_socket: socket.socket,
+    variants: Path,
+    launches: list[TierLaunch],
+    held: dict[int, socket.socket],
+) -> int:
+    device = "cuda" if has_nvidia_gpu() else "cpu"
     # A bad policy (or one naming tiers the spec does not have) stops us before any tier runs.
     PolicyStore(opts.policy, spec_tiers(opts.spec)).load()
     spec = load_spec(opts.spec)
@@ -310,6 +335,7 @@ def _run_up(opts: UpOptions, name: str, gateway_socket: socket.socket) -> int:
         RestartPolicy(**spec.restart.model_dump()),
         warm_up=lambda launch: warm_up(launch, spec.warmup_requests),
         start_timeout=spec.start_timeout_s,
+        before_start=lambda launch: _release(held, launch),
     )
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     try:

@@ -194,3 +194,46 @@ def test_starts_in_turn_restarts_a_crash_and_stops_everything(tmp_path: Path) ->
         sup.stop_all()
     assert not any(r.process.alive() for r in sup.records.values())
     assert sup.states() == {"fp16": TierState.DOWN, "int4": TierState.DOWN}
+
+
+def _takes(port: int) -> bool:
+    """Whether a plain bind (as another program's random port would be) gets ``port``."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_each_tier_s_port_is_held_until_just_before_it_starts(tmp_path: Path) -> None:
+    """up holds every tier's port from the start (reserve_port) and the supervisor releases
+    each right before that tier starts: a tier not yet started keeps its port taken while the
+    ones before it start; its own is free the moment it starts."""
+    from backends.process import reserve_port
+
+    launches = [
+        TierLaunch(name=n, model_dir=tmp_path, served_model_name="m", port=_port())
+        for n in ("fp16", "int4")
+    ]
+    held = {t.port: reserve_port(t.host, t.port) for t in launches}
+    seen: list[tuple[str, bool, bool]] = []
+
+    def release(launch: TierLaunch) -> None:
+        later = launches[[t.name for t in launches].index(launch.name) + 1 :]
+        others_held = all(not _takes(t.port) for t in later)
+        held.pop(launch.port).close()
+        seen.append((launch.name, others_held, _takes(launch.port)))
+
+    sup = Supervisor(
+        launches, _fake_server(tmp_path), tmp_path / "logs", POLICY, before_start=release
+    )
+    try:
+        sup.start_all()
+        assert seen == [("fp16", True, True), ("int4", True, True)]
+        assert sup.states() == {"fp16": TierState.READY, "int4": TierState.READY}
+        assert held == {}
+    finally:
+        sup.stop_all()
+        for sock in held.values():
+            sock.close()
