@@ -35,6 +35,7 @@ class Tally:
     hits: int = 0
     tiers: Counter[str] = field(default_factory=Counter)
     misses: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # requests that got no answer (not tries)
 
     def add(self, text: str, tier: str) -> None:
         self.tries += 1
@@ -60,9 +61,13 @@ def run(gateway: str, model: str, tries: int, api_key: str) -> Tally:
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=api_key, timeout=120, max_retries=0)
     tally = Tally()
     for i in range(tries):
-        raw = client.chat.completions.with_raw_response.create(
-            model=model, messages=[{"role": "user", "content": QUESTION}]
-        )
+        try:
+            raw = client.chat.completions.with_raw_response.create(
+                model=model, messages=[{"role": "user", "content": QUESTION}]
+            )
+        except openai.APIError as exc:
+            tally.errors.append(f"{type(exc).__name__}: {exc}")
+            continue
         answer = raw.parse()
         text = answer.choices[0].message.content or ""
         tally.add(text, raw.headers.get("x-route-tier", "?"))
@@ -83,6 +88,9 @@ def main() -> int:
         parser.error("--tries must be at least 1")
     tally = run(args.gateway.rstrip("/"), args.model, args.tries, args.api_key)
     low, high = wilson(tally.hits, tally.tries)
+    if tally.tries == 0:
+        print(f"no answer in {args.tries} requests: {tally.errors[0][:200]}")
+        return 1
     print(
         f"named Paris in {tally.hits} of {tally.tries} "
         f"({tally.hits / tally.tries:.0%}; 95% interval {low:.0%}-{high:.0%}); "
@@ -90,10 +98,12 @@ def main() -> int:
     )
     for text in tally.misses:
         print(f"  missed: {text[:120]!r}")
+    for error in tally.errors:
+        print(f"  no answer: {error[:200]}")
     if args.json:
         with open(args.json, "w") as out:
             json.dump({**asdict(tally), "interval95": [low, high]}, out, indent=2)
-    return 0
+    return 1 if tally.errors or tally.tries == 0 else 0
 
 
 if __name__ == "__main__":

@@ -1,9 +1,13 @@
 """A short speed calibration of each tier, with the load generator ``bench`` uses.
 
-Per tier, alone (tiers are measured one after another: on a shared machine a tier measured
-while another works would look slower than it is): ``requests`` prompts of ``input_len``
-tokens, ``output_len`` generated (``ignore_eos``), at concurrency 1 and at ``concurrency``.
-Figures: TTFT and TPOT medians at concurrency 1, output tokens per second at the higher one.
+Per tier: ``requests`` prompts of ``input_len`` tokens, ``output_len`` generated
+(``ignore_eos``), at concurrency 1 and at ``concurrency``. Figures: TTFT and TPOT medians at
+concurrency 1, output tokens per second at the higher one. A tier is never measured while
+another works (that would make it look slower than it is), and the requests alone are
+interleaved across tiers (prompt 1 to every tier, the order rotating, then prompt 2 ...): the
+routes are derived from these figures' ratios, and on a shared machine whose load changes over
+the seconds of a calibration, measuring one tier after the other once sent a class to a tier
+only because the machine was busier while the other was measured.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from pathlib import Path
 
 from measure.loadgen import Prompt, Recorder, run_level, warm_up
 from measure.prompts import load_tokenizer, make_prompts
-from measure.serving_stats import compute_stats
+from measure.serving_stats import RequestResult, compute_stats
 
 
 @dataclass(frozen=True)
@@ -45,36 +49,52 @@ async def _level(
     return recorder
 
 
-async def measure_tier(
-    name: str, url: str, model: str, tokenizer_dir: Path, opts: SpeedOptions
-) -> TierSpeed:
+def alone_order(names: Sequence[str], requests: int) -> list[tuple[int, str]]:
+    """(prompt index, tier) in the order the requests alone are sent: every tier gets prompt i
+    before any gets prompt i + 1, and the tier that goes first rotates."""
+    order = []
+    for i in range(requests):
+        shift = i % len(names) if names else 0
+        order += [(i, name) for name in [*names[shift:], *names[:shift]]]
+    return order
+
+
+async def _alone(
+    tiers: Mapping[str, str], model: str, prompts: Sequence[Prompt], opts: SpeedOptions
+) -> dict[str, list[RequestResult]]:
+    results: dict[str, list[RequestResult]] = {name: [] for name in tiers}
+    for index, name in alone_order(list(tiers), len(prompts)):
+        recorder = await _level(tiers[name], model, [prompts[index]], opts, 1)
+        results[name] += recorder.ordered()
+    return results
+
+
+async def measure_tiers(
+    tiers: Mapping[str, str], model: str, tokenizer_dir: Path, opts: SpeedOptions
+) -> dict[str, TierSpeed]:
     tokenizer = load_tokenizer(tokenizer_dir)
     prompts = make_prompts(tokenizer, opts.requests, opts.input_len, opts.seed)
-    await warm_up(url, model, prompts[0], opts.output_len, 1)
-    alone = await _level(url, model, prompts, opts, 1)
-    loaded = await _level(url, model, prompts, opts, opts.concurrency)
-    one = compute_stats(list(alone.results.values()), alone.ended - alone.started)
-    many = compute_stats(list(loaded.results.values()), loaded.ended - loaded.started)
-    return TierSpeed(
-        tier=name,
-        ttft_s=(one.median_ttft_ms or 0.0) / 1000,
-        tpot_s=(one.median_tpot_ms or 0.0) / 1000,
-        throughput_tok_s=many.output_throughput,
-        concurrency=opts.concurrency,
-        failed=one.failed + many.failed,
-    )
+    for url in tiers.values():
+        await warm_up(url, model, prompts[0], opts.output_len, 1)
+    alone = await _alone(tiers, model, prompts, opts)
+    out = {}
+    for name, url in tiers.items():
+        loaded = await _level(url, model, prompts, opts, opts.concurrency)
+        one = compute_stats(alone[name], sum(r.latency for r in alone[name]) or 1e-9)
+        many = compute_stats(list(loaded.results.values()), loaded.ended - loaded.started)
+        out[name] = TierSpeed(
+            tier=name,
+            ttft_s=(one.median_ttft_ms or 0.0) / 1000,
+            tpot_s=(one.median_tpot_ms or 0.0) / 1000,
+            throughput_tok_s=many.output_throughput,
+            concurrency=opts.concurrency,
+            failed=one.failed + many.failed,
+        )
+    return out
 
 
 def calibrate(
     tiers: Mapping[str, str], model: str, tokenizer_dir: Path, opts: SpeedOptions | None = None
 ) -> dict[str, TierSpeed]:
-    """Every tier's speed, one tier at a time (synchronous, for ``up``)."""
-    options = opts or SpeedOptions()
-
-    async def main() -> dict[str, TierSpeed]:
-        out = {}
-        for name, url in tiers.items():
-            out[name] = await measure_tier(name, url, model, tokenizer_dir, options)
-        return out
-
-    return asyncio.run(main())
+    """Every tier's speed (synchronous, for ``up``)."""
+    return asyncio.run(measure_tiers(tiers, model, tokenizer_dir, opts or SpeedOptions()))
