@@ -225,9 +225,13 @@ def bench_frontier(classifiers: dict[str, CompiledClasses]) -> dict[str, Any]:
         for row, o in zip(rows, recorded, strict=True):
             tokens = 10_000 if row["label"] == LONG else 10  # long prompts were 1,200 tokens
             cls = classify_request(_chat(row["prompt"]), tokens, rules).cls
-            # the recorded tokens are prompt + completion: kept whole as the "completion"
+            # prompt + completion tokens per tier, kept whole as the "completion" (runs before
+            # the measured cost axis recorded only the sum)
+            tokens = o.get("tokens") or {
+                t: o["prompt_tokens"] + n for t, n in o["completion"].items()
+            }
             outcomes.append(
-                Outcome(row["label"], cls, o["route_tier"], 0, 0, 0.0, o["tokens"], o["quality"])
+                Outcome(row["label"], cls, o["route_tier"], 0, 0, 0.0, tokens, o["quality"])
             )
         # That run recorded no tier speeds: its axis stays the share of tokens served off fp16
         # (a description of the traffic, not a cost), the frontier taken over it.
