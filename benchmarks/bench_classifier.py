@@ -55,7 +55,7 @@ from gateway.policy.schema import PolicyError  # noqa: E402
 from gateway.request.classify import LONG, CompiledClasses, classify_request  # noqa: E402
 from gateway.request.limits import TokenCounter, TokenizerError, read_chat_template  # noqa: E402
 from gateway.request.prefilter import Scan  # noqa: E402
-from measure.frontier import Outcome, Point, all_points, pareto  # noqa: E402
+from measure.frontier import Outcome, Point, Speed, all_points, pareto  # noqa: E402
 from measure.serving_stats import percentile  # noqa: E402
 from model_optimizer.envs import cache_root  # noqa: E402
 
@@ -225,25 +225,36 @@ def bench_frontier(classifiers: dict[str, CompiledClasses]) -> dict[str, Any]:
         for row, o in zip(rows, recorded, strict=True):
             tokens = 10_000 if row["label"] == LONG else 10  # long prompts were 1,200 tokens
             cls = classify_request(_chat(row["prompt"]), tokens, rules).cls
+            # prompt + completion tokens per tier, kept whole as the "completion" (runs before
+            # the measured cost axis recorded only the sum)
+            tokens = o.get("tokens") or {
+                t: o["prompt_tokens"] + n for t, n in o["completion"].items()
+            }
             outcomes.append(
-                Outcome(row["label"], cls, o["route_tier"], 0, 0.0, o["tokens"], o["quality"])
+                Outcome(row["label"], cls, o["route_tier"], 0, 0, 0.0, tokens, o["quality"])
             )
-        points = all_points(outcomes, tiers, reference)
-        frontier = pareto(points)
+        # That run recorded no tier speeds: its axis stays the share of tokens served off fp16
+        # (a description of the traffic, not a cost), the frontier taken over it.
+        unmeasured = dict.fromkeys(tiers, Speed(0.0, 0.0))
+        points = [
+            Point(p.assignment, 1.0 - p.off_reference, p.quality, p.off_reference)
+            for p in all_points(outcomes, tiers, unmeasured, reference)
+        ]
+        frontier = sorted(pareto(points), key=lambda p: p.off_reference)
         chosen = [used.get(o.route_class, o.route_tier) for o in outcomes]
-        total = sum(o.tokens[t] for o, t in zip(outcomes, chosen, strict=True))
-        cheap = sum(o.tokens[t] for o, t in zip(outcomes, chosen, strict=True) if t != reference)
+        total = sum(o.tokens(t) for o, t in zip(outcomes, chosen, strict=True))
+        cheap = sum(o.tokens(t) for o, t in zip(outcomes, chosen, strict=True) if t != reference)
         quality = sum(o.quality[t] for o, t in zip(outcomes, chosen, strict=True)) / len(outcomes)
         share = cheap / total
         print(f"    {name}: the run's routes -> cheap share {share:.1%}, quality {quality:.3f}")
         print(f"      frontier ({len(frontier)} of {len(points)} assignments):")
         for p in frontier:
-            print(f"        {p.cheap_share:6.1%}  {p.quality:.3f}  {_assignment(p)}")
+            print(f"        {p.off_reference:6.1%}  {p.quality:.3f}  {_assignment(p)}")
         out[name] = {
             "routes_point": {"cheap_share": cheap / total, "quality": quality},
             "frontier": [
                 {
-                    "cheap_share": p.cheap_share,
+                    "cheap_share": p.off_reference,
                     "quality": p.quality,
                     "assignment": dict(p.assignment),
                 }

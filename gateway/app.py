@@ -35,6 +35,7 @@ from gateway.control.tier_signals import derive_signals
 from gateway.control.tier_status import SupervisorStates, TierBoard, scrape_tier
 from gateway.errors import exception_handlers
 from gateway.health import healthz, readyz
+from gateway.measured import tier_figures
 from gateway.metrics import GatewayMetrics
 from gateway.openapi import openapi_document
 from gateway.policy.derive import TierFigures
@@ -192,19 +193,7 @@ def load_policies(config: GatewayConfig) -> PolicySource:
 
 def measured_figures(config: GatewayConfig) -> dict[str, TierFigures]:
     """The config's measured tiers as the route derivation takes them."""
-    classes = {t.name: t.classes for t in config.tiers}
-    out = {}
-    for name, m in config.measured.items():
-        admitted = classes.get(name)
-        out[name] = TierFigures(
-            name,
-            dict(m.quality),
-            m.ttft_s,
-            m.tpot_s,
-            m.throughput_tok_s,
-            frozenset(admitted) if admitted is not None else None,
-        )
-    return out
+    return tier_figures(config.measured, {t.name: t.classes for t in config.tiers})
 
 
 def load_counter(config: GatewayConfig) -> PromptCounter:

@@ -13,7 +13,9 @@ all at once (a temporary folder renamed into place).
 ``eval`` runs the code the tiers answer to HumanEval prompts (in measure/sandbox.py's
 sandbox, which must work here: exit 1 otherwise): a tier URL whose host is not this machine's
 loopback is refused unless ``--allow-remote-code`` says the operator trusts that server.
-``eval routing`` runs no generated code.
+``eval routing`` runs no generated code; its cost axis needs the tiers' speeds as ``up``
+measured them (``--measured``, by default the file ``up`` wrote for the gateway's port): none,
+or none for a tier evaluated, is a usage error (exit 2) rather than a made-up cost.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from gateway.measured import MeasuredError, measured_path, read_measured
 from measure import eval_report, routing_eval
 from measure.eval_data import EvalDataError
 from measure.evaluate import EvalOptions, evaluate
+from measure.frontier import Speed
 from measure.sandbox import SandboxUnavailable, check_sandbox
 from measure.vllm_client import EndpointError
 
@@ -59,6 +63,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     rt.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     rt.add_argument("--max-tokens", type=int, default=64, help="per answer (default 64)")
     rt.add_argument("--output", default="routing-out", help="routing.json, .md, frontier.png")
+    rt.add_argument(
+        "--measured",
+        default=None,
+        help="the tiers' measured speeds (default: the file up wrote for a loopback --gateway's "
+        "port, <cache>/measured/gateway-PORT.json)",
+    )
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -183,22 +193,57 @@ def _quality(args: argparse.Namespace, tiers: dict[str, str], output: Path) -> i
     return 0
 
 
+def measured_speeds(
+    gateway: str, flag: str | None, tiers: dict[str, str]
+) -> tuple[dict[str, Speed], str]:
+    """The tiers' speeds from ``--measured`` or the file ``up`` wrote for the gateway's port
+    (a loopback gateway only: the file describes this machine's stack); notes on stderr."""
+    split = urlsplit(gateway)
+    if flag is not None:
+        path = Path(flag)
+    elif _loopback(split.hostname or ""):
+        path = measured_path(split.port or (443 if split.scheme == "https" else 80))
+    else:
+        raise UsageError(f"--gateway {gateway} is not on this machine: pass --measured FILE")
+    try:
+        measured = read_measured(path)
+    except MeasuredError as exc:
+        raise UsageError(str(exc)) from None
+    if measured is None:
+        raise UsageError(
+            f"no measured tier speeds at {path} (up writes it for the stack it starts): "
+            "start the stack with `model-optimizer up`, or pass --measured FILE"
+        )
+    try:
+        speeds, source, notes = routing_eval.speeds_from(measured, tiers, path)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    for note in notes:
+        print(f"eval routing: note: {note}", file=sys.stderr)
+    return speeds, source
+
+
 def _routing(args: argparse.Namespace, tiers: dict[str, str], output: Path) -> int:
+    gateway = _url(args.gateway, "--gateway")
+    try:
+        prompts = routing_eval.load_prompts(Path(args.file), args.limit)
+    except EvalDataError as exc:
+        return _fail(str(exc), 2)
+    speeds, source = measured_speeds(gateway, args.measured, tiers)
     opts = routing_eval.RoutingOptions(
         file=Path(args.file),
-        gateway=_url(args.gateway, "--gateway"),
+        gateway=gateway,
         tiers=tiers,
         reference=args.reference,
+        speeds=speeds,
+        speed_source=source,
         model=args.model,
         seed=args.seed,
-        limit=args.limit,
         max_tokens=args.max_tokens,
         concurrency=args.concurrency,
     )
     try:
-        data = routing_eval.run(opts)
-    except EvalDataError as exc:
-        return _fail(str(exc), 2)
+        data = routing_eval.run(opts, prompts)
     except EndpointError as exc:
         return _fail(str(exc), 1)
     md = routing_eval.markdown(data, "frontier.png")

@@ -2,8 +2,10 @@
 
 Each prompt goes once through the gateway (recording ``x-route-class``, ``x-route-tier`` and
 the usage) and once straight to every tier; every answer is greedy with the same seed and
-``max_tokens``. The figures are measure/frontier.py's; this module does the I/O, the
-Markdown and the PNG (matplotlib's Agg backend, imported only when plotting).
+``max_tokens``. The cost axis uses each tier's speed as ``up`` measured it on this machine
+(the file of gateway/measured.py; ``speeds_from``). The figures are measure/frontier.py's;
+this module does the I/O, the Markdown and the PNG (matplotlib's Agg backend, imported only
+when plotting).
 """
 
 from __future__ import annotations
@@ -18,10 +20,22 @@ from typing import Any
 
 import httpx
 
+from gateway.measured import MeasuredStack
 from measure import vllm_client as api
 from measure.eval_data import LABELS, LabeledPrompt, load_labeled
 from measure.evaluate import _gather
-from measure.frontier import Outcome, Point, all_points, confusion, gateway_point, pareto, shares
+from measure.frontier import (
+    Gap,
+    Outcome,
+    Point,
+    Speed,
+    all_points,
+    confusion,
+    gap,
+    gateway_point,
+    pareto,
+    shares,
+)
 from measure.quality import sequence_agreement
 
 
@@ -31,12 +45,35 @@ class RoutingOptions:
     gateway: str
     tiers: dict[str, str]
     reference: str
+    speeds: Mapping[str, Speed]  # every tier's, measured by up on this machine
+    speed_source: str = ""  # where the speeds come from, for the report
     model: str | None = None
     seed: int = 0
-    limit: int | None = None  # the first N prompts of the file
     max_tokens: int = 64
     concurrency: int = 4
     request_timeout: float = 600.0
+
+
+def speeds_from(
+    measured: MeasuredStack, tiers: Mapping[str, str], source: Path
+) -> tuple[dict[str, Speed], str, list[str]]:
+    """Each of ``tiers``' measured speed, a phrase naming where it comes from, and notes (a
+    tier measured at another URL than the one evaluated). ``ValueError`` for a tier with no
+    figures: its cost would be made up."""
+    missing = [t for t in tiers if t not in measured.tiers]
+    if missing:
+        raise ValueError(
+            f"{source}: no measured speed for tier(s) {', '.join(missing)} "
+            f"(measured: {', '.join(measured.tiers) or 'none'})"
+        )
+    speeds = {t: Speed(measured.tiers[t].ttft_s, measured.tiers[t].tpot_s) for t in tiers}
+    notes = [
+        f"tier {t} was measured at {measured.tier_urls[t]}, evaluated at {url}"
+        for t, url in tiers.items()
+        if measured.tier_urls.get(t, url) != url
+    ]
+    where = f"measured by up on port {measured.gateway_port} at {measured.written_at}, {source}"
+    return speeds, where, notes
 
 
 def _ids(answer: api.Answer, where: str) -> tuple[int, ...]:
@@ -75,9 +112,10 @@ async def replay(opts: RoutingOptions, prompts: Sequence[LabeledPrompt]) -> list
                 label=prompt.label,
                 route_class=cls,
                 route_tier=tier,
-                gateway_tokens=answer.prompt_tokens + answer.completion_tokens,
+                prompt_tokens=answer.prompt_tokens,
+                gateway_completion=answer.completion_tokens,
                 gateway_quality=sequence_agreement(_ids(answer, opts.gateway), ref),
-                tokens={t: a[i].prompt_tokens + a[i].completion_tokens for t, a in direct.items()},
+                completion={t: a[i].completion_tokens for t, a in direct.items()},
                 quality={
                     t: sequence_agreement(_ids(a[i], opts.tiers[t]), ref) for t, a in direct.items()
                 },
@@ -89,9 +127,9 @@ async def replay(opts: RoutingOptions, prompts: Sequence[LabeledPrompt]) -> list
 
 def report(opts: RoutingOptions, outcomes: Sequence[Outcome]) -> dict[str, Any]:
     tiers = list(opts.tiers)
-    points = all_points(outcomes, tiers, opts.reference)
+    points = all_points(outcomes, tiers, opts.speeds, opts.reference)
     frontier = pareto(points)
-    actual = gateway_point(outcomes, opts.reference)
+    actual = gateway_point(outcomes, opts.speeds, opts.reference)
     return {
         "file": str(opts.file),
         "gateway": opts.gateway,
@@ -100,13 +138,18 @@ def report(opts: RoutingOptions, outcomes: Sequence[Outcome]) -> dict[str, Any]:
         "seed": opts.seed,
         "max_tokens": opts.max_tokens,
         "prompts": len(outcomes),
+        "cost": "mean expected seconds per request: ttft + completion tokens x tpot of the tier",
+        "speeds": {t: asdict(opts.speeds[t]) for t in tiers},
+        "speed_source": opts.speed_source,
         "confusion": confusion(outcomes, LABELS),
         "shares": shares(outcomes, tiers),
         "gateway_point": _point(actual),
+        "gateway_gap": _gap(gap(actual, points)),
         "frontier": [_point(p) for p in frontier],
         "points": [_point(p) for p in points],
         "outcomes": [
-            asdict(o) | {"tokens": dict(o.tokens), "quality": dict(o.quality)} for o in outcomes
+            asdict(o) | {"completion": dict(o.completion), "quality": dict(o.quality)}
+            for o in outcomes
         ],
     }
 
@@ -114,14 +157,45 @@ def report(opts: RoutingOptions, outcomes: Sequence[Outcome]) -> dict[str, Any]:
 def _point(p: Point) -> dict[str, Any]:
     return {
         "assignment": dict(p.assignment) if _is_assignment(p) else [list(r) for r in p.assignment],
-        "cheap_share": p.cheap_share,
+        "seconds": p.seconds,
         "quality": p.quality,
+        "off_reference": p.off_reference,
+    }
+
+
+def _gap(g: Gap) -> dict[str, Any]:
+    return {
+        "on_frontier": g.on_frontier,
+        "quality_gain": g.quality_gain,
+        "seconds_saved": g.seconds_saved,
+        "by": _point(g.by) if g.by is not None else None,
     }
 
 
 def _is_assignment(p: Point) -> bool:
     classes = [c for c, _ in p.assignment]
     return len(classes) == len(set(classes))
+
+
+def _name(assignment: Mapping[str, str] | list[list[str]]) -> str:
+    pairs = assignment.items() if isinstance(assignment, Mapping) else assignment
+    return ", ".join(f"{c}→{t}" for c, t in pairs)
+
+
+def gap_line(data: Mapping[str, Any]) -> str:
+    """One line: is the gateway's routing on the frontier, and if not, by how much."""
+    gw, g = data["gateway_point"], data["gateway_gap"]
+    where = f"{gw['seconds']:.3f} s/request, quality {gw['quality']:.3f}"
+    if g["on_frontier"]:
+        return f"gateway routing: on the frontier ({where}; no assignment beats it on both)"
+    by = g["by"]
+    saved = g["seconds_saved"] / gw["seconds"] if gw["seconds"] else 0.0
+    return (
+        f"gateway routing: dominated ({where}) by {_name(by['assignment'])} "
+        f"({by['seconds']:.3f} s/request, quality {by['quality']:.3f}): at its cost the best "
+        f"assignment gains {g['quality_gain']:+.3f} quality; at its quality the cheapest costs "
+        f"{g['seconds_saved']:.3f} s/request ({saved:.0%}) less"
+    )
 
 
 def markdown(data: Mapping[str, Any], plot_name: str) -> str:
@@ -140,14 +214,31 @@ def markdown(data: Mapping[str, Any], plot_name: str) -> str:
     lines += ["| tier | requests | tokens |", "|---|---|---|"]
     for tier, share in data["shares"].items():
         lines.append(f"| {tier} | {share['requests']:.1%} | {share['tokens']:.1%} |")
-    lines += ["", f"Quality vs cost (share of tokens served by tiers other than {ref}):", ""]
-    lines += ["| deployment | non-fp16 token share | quality |", "|---|---|---|"]
+    lines += ["", f"Measured speeds ({data['speed_source'] or 'source not given'}):", ""]
+    lines += ["| tier | TTFT | TPOT |", "|---|---|---|"]
+    for tier, speed in data["speeds"].items():
+        lines.append(
+            f"| {tier} | {speed['ttft_s'] * 1000:.0f} ms | {speed['tpot_s'] * 1000:.1f} ms |"
+        )
+    lines += [
+        "",
+        "Quality vs cost (cost: mean expected seconds per request on this machine, TTFT + "
+        "answer tokens x TPOT of the tier serving it; the share of tokens served off "
+        f"{ref} describes the traffic, it is not a cost):",
+        "",
+    ]
+    lines += ["| deployment | s/request | quality | tokens off " + ref + " |", "|---|---|---|---|"]
     gw = data["gateway_point"]
-    lines.append(f"| **gateway (actual)** | {gw['cheap_share']:.1%} | {gw['quality']:.3f} |")
+    lines.append(
+        f"| **gateway (actual)** | {gw['seconds']:.3f} | {gw['quality']:.3f} | "
+        f"{gw['off_reference']:.1%} |"
+    )
     for p in data["frontier"]:
-        name = ", ".join(f"{c}→{t}" for c, t in p["assignment"].items())
-        lines.append(f"| frontier: {name} | {p['cheap_share']:.1%} | {p['quality']:.3f} |")
-    lines += ["", f"![quality vs cost]({plot_name})"]
+        lines.append(
+            f"| frontier: {_name(p['assignment'])} | {p['seconds']:.3f} | {p['quality']:.3f} | "
+            f"{p['off_reference']:.1%} |"
+        )
+    lines += ["", gap_line(data), "", f"![quality vs cost]({plot_name})"]
     return "\n".join(lines) + "\n"
 
 
@@ -161,44 +252,49 @@ def plot(data: Mapping[str, Any]) -> bytes:
     fig, ax = plt.subplots(figsize=(7, 5), dpi=110)
     pts, front, gw = data["points"], data["frontier"], data["gateway_point"]
     ax.scatter(
-        [p["cheap_share"] for p in pts],
+        [p["seconds"] for p in pts],
         [p["quality"] for p in pts],
         s=14,
         color="0.7",
         label="class → tier assignments",
     )
     ax.plot(
-        [p["cheap_share"] for p in front],
+        [p["seconds"] for p in front],
         [p["quality"] for p in front],
         "o-",
         color="tab:blue",
         label="Pareto frontier",
     )
+    on = data["gateway_gap"]["on_frontier"]
     ax.scatter(
-        [gw["cheap_share"]],
+        [gw["seconds"]],
         [gw["quality"]],
         marker="*",
         s=260,
         color="tab:red",
         zorder=5,
-        label="gateway (actual routing)",
+        label=f"gateway (actual routing): {'on the frontier' if on else 'dominated'}",
     )
-    ax.set_xlabel(f"share of tokens served by tiers other than {data['reference']}")
+    ax.set_xlabel("cost: expected seconds per request (measured TTFT + answer tokens x TPOT)")
     ax.set_ylabel(f"quality relative to all-{data['reference']} (token agreement)")
     ax.set_title(f"Routing: quality vs cost ({data['prompts']} prompts)")
-    ax.set_xlim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower left")
+    ax.legend(loc="lower right")
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", bbox_inches="tight")
     plt.close(fig)
     return buffer.getvalue()
 
 
-def run(opts: RoutingOptions) -> dict[str, Any]:
-    prompts = load_labeled(opts.file)
-    if opts.limit is not None:
-        prompts = prompts[: opts.limit]
+def load_prompts(file: Path, limit: int | None) -> list[LabeledPrompt]:
+    """The labeled file's first ``limit`` prompts (all with ``None``); ``EvalDataError``."""
+    prompts = load_labeled(file)
+    return prompts if limit is None else prompts[:limit]
+
+
+def run(opts: RoutingOptions, prompts: Sequence[LabeledPrompt]) -> dict[str, Any]:
     outcomes = asyncio.run(replay(opts, prompts))
     print(f"eval routing: {len(outcomes)} prompts replayed", file=sys.stderr, flush=True)
-    return report(opts, outcomes)
+    data = report(opts, outcomes)
+    print(f"eval routing: {gap_line(data)}", file=sys.stderr, flush=True)
+    return data

@@ -13,7 +13,10 @@ from pathlib import Path
 
 from backends.process import TierStartError
 from backends.spec import SpecError, load_spec
-from gateway.policy.schema import CLASS_NAMES, PolicyError
+from gateway.measured import MeasuredError, MeasuredStack, measured_path, read_measured
+from gateway.policy.chain_check import check_chains, route_lines
+from gateway.policy.derive import derive_routes
+from gateway.policy.schema import CLASS_NAMES, PolicyError, RoutingPolicy
 from gateway.policy.store import PolicyStore
 from measure import command as bench_command
 from measure import eval_cli
@@ -28,6 +31,7 @@ from model_optimizer.soak import render, soak
 from model_optimizer.stack import DEFAULT_POLICY, DEFAULT_SPEC, StackLauncher, UpOptions, run_up
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+DEFAULT_GATEWAY_PORT = 8000
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,7 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run the model's tier(s) and the gateway on 127.0.0.1")
     up.add_argument("--model", default="default", help="'default', an HF folder or a GGUF file")
     up.add_argument("--served-model-name", default=None, help="public model id")
-    up.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
+    up.add_argument(
+        "--port", type=int, default=DEFAULT_GATEWAY_PORT, help="gateway port (default 8000)"
+    )
     up.add_argument(
         "--tier-port", type=int, default=None, help="first tier's port, the others follow"
     )
@@ -75,6 +81,15 @@ def _parser() -> argparse.ArgumentParser:
     pol_chk.add_argument("file", metavar="FILE", help="routing policy (policies/routing.yaml)")
     pol_chk.add_argument(
         "--deploy", default=None, help="also require its tiers in this deployment spec"
+    )
+    pol_chk.add_argument(
+        "--measured",
+        default=None,
+        help="warn where a static route contradicts these measurements (default: the file up "
+        f"wrote for a gateway on port {DEFAULT_GATEWAY_PORT}, <cache>/measured/gateway-PORT.json)",
+    )
+    pol_chk.add_argument(
+        "--strict", action="store_true", help="exit 1 when there is any warning (default: 0)"
     )
     sk = sub.add_parser("soak", help="steady load through a running gateway, with a reset")
     sk.add_argument("--gateway", default="http://127.0.0.1:8000", help="a loopback gateway URL")
@@ -190,11 +205,16 @@ def _serving_check(args: argparse.Namespace) -> int:
 
 
 def _policy_check(args: argparse.Namespace) -> int:
-    """``policy check FILE [--deploy SPEC]``: the gateway's own load path, offline."""
+    """``policy check FILE [--deploy SPEC] [--measured FILE] [--strict]``: the gateway's own
+    load path, offline; then the static routes against what ``up`` measured (warnings on
+    stderr, one a line; exit 0 unless ``--strict``)."""
+    path = Path(args.measured) if args.measured else measured_path(DEFAULT_GATEWAY_PORT)
     try:
         known = [tier.name for tier in load_spec(args.deploy).tiers] if args.deploy else None
         policy = PolicyStore(args.file, known).load().policy
-    except (PolicyError, SpecError) as exc:
+        measured = read_measured(path)
+        warnings = _chain_warnings(args.file, policy, measured)
+    except (PolicyError, SpecError, MeasuredError) as exc:
         print(f"model-optimizer: error: {exc}", file=sys.stderr)
         return 2
     routes = []
@@ -209,7 +229,27 @@ def _policy_check(args: argparse.Namespace) -> int:
     checked = f"; all in {args.deploy}" if args.deploy else ""
     summary = f"tiers {', '.join(policy.tiers)}; routes {'; '.join(routes)}{checked}"
     print(f"{args.file}: ok ({summary})")
-    return 0
+    if measured is None:
+        note = f"no measurements at {path} (written by up): routes not checked against them"
+        print(f"policy check: {note}", file=sys.stderr)
+        return 0
+    when = f"up on port {measured.gateway_port} at {measured.written_at}"
+    print(f"policy check: against {path} ({when}): {len(warnings)} warning(s)", file=sys.stderr)
+    for warning in warnings:
+        print(warning, file=sys.stderr)
+    _, derived = derive_routes(policy, measured.figures(), measured.reference)
+    for chain in derived.values():
+        print(f"policy check: derived here: {chain.describe()}", file=sys.stderr)
+    return 1 if warnings and args.strict else 0
+
+
+def _chain_warnings(file: str, policy: RoutingPolicy, measured: MeasuredStack | None) -> list[str]:
+    """Each static route's contradictions with ``measured`` (gateway/policy/chain_check.py)."""
+    if measured is None:
+        return []
+    lines = route_lines(Path(file).read_text(encoding="utf-8"), file)
+    found = check_chains(policy, measured.figures(), measured.reference, measured.floors, lines)
+    return [w.render(file) for w in found]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,9 @@ After the tiers start, every tier is compared with the reference tier through vL
 (measure/admission_run.py). A quantized tier that fails while running its own kernels is
 restarted from its emulated copy (the same weights dequantized: the engine's float path) and
 measured again; a tier that still fails a category is not routed the classes that need it.
-The reference failing its factual probes stops ``up``: nothing can be judged against it.
+The reference failing its factual probes stops ``up``: nothing can be judged against it. The
+figures (agreement, speed, admitted classes) also go to a file for the offline tools
+(``record_measurements``, gateway/measured.py).
 
 Verdicts are cached under ``<cache>/admission/<key>.json``, the key hashing what decides them
 (each variant's digest, the engine version, the CPU model and flags or the GPU, the serving
@@ -15,6 +17,7 @@ that passed and measures nothing.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import json
 import os
@@ -27,6 +30,8 @@ from typing import Any
 from backends.platform import CPUINFO
 from backends.spec import AdmissionSpec
 from backends.vllm_args import TierLaunch
+from gateway.config import GatewayConfig
+from gateway.measured import MeasuredStack, measured_path, write_measured
 from measure.admission import (
     AdmissionError,
     AdmissionProbe,
@@ -36,7 +41,7 @@ from measure.admission import (
     verdict_to_json,
 )
 from measure.admission_run import CheckOptions, CheckResult, run_check
-from measure.speed import TierSpeed, calibrate
+from measure.speed import SpeedOptions, TierSpeed, calibrate
 from model_optimizer.envs import cache_root
 from model_optimizer.models import ModelError
 from optimizer.probes import load_probes
@@ -276,3 +281,41 @@ def measure_speeds(launches: Sequence[TierLaunch], tokenizer_dir: Path) -> dict[
 def print_admission(admission: Admission) -> None:
     for line in admission.lines():
         print(f"up: {line}", file=sys.stderr, flush=True)
+
+
+def measured_record(
+    port: int, config: GatewayConfig, floors: Mapping[str, float], speed: str
+) -> MeasuredStack | None:
+    """What ``config`` holds of the measurements, as the file ``policy check`` and ``eval
+    routing`` read (gateway/measured.py); ``None`` when nothing was measured."""
+    if not config.measured or config.reference_tier is None:
+        return None
+    return MeasuredStack(
+        written_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        gateway_port=port,
+        reference=config.reference_tier,
+        tiers=dict(config.measured),
+        tier_urls={t.name: t.base_url for t in config.tiers},
+        classes={t.name: list(t.classes) for t in config.tiers if t.classes is not None},
+        floors=dict(floors),
+        speed=speed,
+    )
+
+
+def record_measurements(
+    port: int, config: GatewayConfig, floors: Mapping[str, float]
+) -> Path | None:
+    """Write the stack's measurement file (its path), or remove it when nothing was measured
+    (``None``): a file from an earlier ``up`` on this port must not stand for this one."""
+    path = measured_path(port)
+    o = SpeedOptions()
+    speed = (
+        f"medians of {o.requests} prompts of {o.input_len} tokens, {o.output_len} generated, "
+        f"alone; output tokens/s at {o.concurrency} at once"
+    )
+    record = measured_record(port, config, floors, speed)
+    if record is None:
+        path.unlink(missing_ok=True)
+        return None
+    write_measured(path, record)
+    return path

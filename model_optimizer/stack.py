@@ -57,6 +57,7 @@ from model_optimizer.serving_check import (
     machine_identity,
     measure_speeds,
     print_admission,
+    record_measurements,
     save,
     variant_digest,
 )
@@ -347,6 +348,10 @@ def _serve(
             launches, variants, spec.admission, supervisor, key, cached
         )
         config = gateway_config(opts, name, launches, admission)
+        floors = {str(k): v for k, v in spec.admission.floors.items()}
+        written = record_measurements(opts.gateway_port, config, floors)
+        if written is not None:
+            _say(f"measured figures in {written} (read by policy check and eval routing)")
         for derived in load_policies(config).active.derived.values():
             _say(f"route {derived.describe()}")
         app = create_app(

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.measured import measured_path, read_measured
 from tests.integration.conftest import Stack, cli
 
 pytestmark = pytest.mark.integration
@@ -42,9 +43,20 @@ def test_routing_eval_end_to_end(stack: Stack, tmp_path: Path) -> None:
     classes = {o["route_class"] for o in data["outcomes"]}
     assert len(data["points"]) == len(stack.tier_urls) ** len(classes)
     all_fp16 = [p for p in data["points"] if set(p["assignment"].values()) == {"fp16"}]
-    assert [(p["cheap_share"], p["quality"]) for p in all_fp16] == [(0.0, 1.0)]
+    assert [(p["off_reference"], p["quality"]) for p in all_fp16] == [(0.0, 1.0)]
     front = data["frontier"]
     assert front and max(p["quality"] for p in front) == 1.0
+    # the cost axis is what up measured on this machine (its file for this gateway's port)
+    measured = read_measured(measured_path(int(stack.gateway_url.rsplit(":", 1)[1])))
+    assert measured is not None
+    for name, speed in data["speeds"].items():
+        assert speed == {
+            "ttft_s": measured.tiers[name].ttft_s,
+            "tpot_s": measured.tiers[name].tpot_s,
+        }
     gw = data["gateway_point"]
-    assert 0.0 <= gw["cheap_share"] <= 1.0 and 0.0 <= gw["quality"] <= 1.0
-    assert "| **gateway (actual)** |" in (out / "routing.md").read_text()
+    assert gw["seconds"] > 0 and 0.0 <= gw["off_reference"] <= 1.0 and 0.0 <= gw["quality"] <= 1.0
+    gap = data["gateway_gap"]
+    assert gap["on_frontier"] is (gap["by"] is None)
+    md = (out / "routing.md").read_text()
+    assert "| **gateway (actual)** |" in md and "gateway routing: " in md

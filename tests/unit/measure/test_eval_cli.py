@@ -112,3 +112,38 @@ def test_no_sandbox_means_no_eval(
         capsys.readouterr().err
         == "model-optimizer: error: code sandbox unavailable: unshare not found\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "no measured tier speeds at {cache}/measured/gateway-1.json"),
+        (["--gateway", "http://10.1.2.3:8000"], "is not on this machine: pass --measured FILE"),
+        (["--measured", "{data}/bad.json"], "bad.json: not a measurement file written by up"),
+        (["--measured", "{data}/fp16only.json"], "no measured speed for tier(s) int8, int4"),
+    ],
+)
+def test_eval_routing_needs_measured_speeds(
+    extra: list[str],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No cost axis is made up: without up's figures for every tier, exit 2, nothing asked."""
+    from gateway.config import MeasuredTier
+    from gateway.measured import MeasuredStack, write_measured
+
+    monkeypatch.setenv("MODEL_OPTIMIZER_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "set.jsonl").write_text('{"prompt": "p", "label": "code"}\n')
+    (tmp_path / "bad.json").write_text('{"tiers": 3}')
+    fp16 = MeasuredTier(quality={"chat": 1.0}, ttft_s=0.1, tpot_s=0.02, throughput_tok_s=50)
+    stack = MeasuredStack(written_at="t", gateway_port=1, reference="fp16", tiers={"fp16": fp16})
+    write_measured(tmp_path / "fp16only.json", stack)
+    argv = ["eval", "routing", str(tmp_path / "set.jsonl"), "--gateway", "http://127.0.0.1:1"]
+    argv += [a.replace("{data}", str(tmp_path)) for a in extra]
+    assert main([*argv, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert message.replace("{cache}", str(tmp_path / "cache")) in err
+    assert not (tmp_path / "out").exists()
