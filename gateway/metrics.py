@@ -193,7 +193,7 @@ class GatewayMetrics:
         self.reset_duration.labels(tier=tier).observe(max(seconds, 0.0))
 
     def background_error(self, loop: str) -> None:
-        """A background loop (scrape, resets, policy_watch) failed and will start again."""
+        """A background loop (scrape, resets, policy_watch, dns) failed and will start again."""
         self.background_errors.labels(loop).inc()
 
     def shadow_compared(self, tier: str, agreement: float, deviated: bool) -> None:

@@ -74,7 +74,8 @@ def test_affinity_is_stable_when_an_unrelated_endpoint_leaves() -> None:
     sessions = [f"user-{i}" for i in range(200)]
     before = {s: choose_endpoints(endpoints, s, LIMITS).order[0] for s in sessions}
     leaving = endpoints[2].url
-    after = {s: choose_endpoints(endpoints[:2] + endpoints[3:], s, LIMITS).order[0] for s in sessions}
+    rest = endpoints[:2] + endpoints[3:]
+    after = {s: choose_endpoints(rest, s, LIMITS).order[0] for s in sessions}
     for s in sessions:
         if before[s] != leaving:
             assert after[s] == before[s]  # only the leaver's sessions move
