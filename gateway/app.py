@@ -292,6 +292,7 @@ async def metrics_endpoint(request: Request) -> Response:
             for name in board.tiers
         }
     )
+    runtime.metrics.endpoints.publish({name: board.endpoint_statuses(name) for name in board.tiers})
     body, content_type = runtime.metrics.render(request.headers.get("accept"))
     return Response(body, media_type=content_type)
 
