@@ -28,7 +28,8 @@ from backends.tier_state import TierState
 from gateway.admin import admin_routes
 from gateway.auth import AuthMiddleware
 from gateway.config import GatewayConfig
-from gateway.control.resets import ResetCoordinator, apply_shared_marks
+from gateway.control.reset_marks import apply_shared_marks
+from gateway.control.resets import ResetCoordinator
 from gateway.control.shadow import ShadowSampler, encoder
 from gateway.control.tier_dns import resolve_forever, resolve_pools
 from gateway.control.tier_memory import TierMemory, TierPids
