@@ -139,3 +139,24 @@ def test_admin_tiers_and_metrics_show_each_endpoint(
     assert found[("gateway_endpoint_up", live.url)] == 1.0
     assert found[("gateway_endpoint_up", refused_url)] == 0.0
     assert found[("gateway_endpoint_kv_usage_ratio", live.url)] > 0
+
+
+def test_a_dns_tier_is_resolved_at_start(
+    make_stub: Callable[[], StubTier], start_server: Callable[..., str], client: httpx.Client
+) -> None:
+    stub = make_stub()
+    port = stub.url.rsplit(":", 1)[1]
+    config = GatewayConfig(
+        model_name=MODEL,
+        tiers=[TierEndpoint.model_validate({"name": "t0", "dns": f"localhost:{port}"})],
+        admin_key_hashes=[hash_key(ADMIN)],
+    )
+    gateway = start_server(create_app(config), **server_options(config))
+    tiers = client.get(
+        f"{gateway}/admin/tiers", headers={"authorization": f"Bearer {ADMIN}"}
+    ).json()["tiers"]
+    urls = [endpoint["url"] for endpoint in tiers["t0"]["endpoints"]]
+    assert stub.url in urls  # localhost's IPv4 address (and ::1, when it has one)
+    assert tiers["t0"]["dns"] == f"http://localhost:{port}"
+    answer = client.post(f"{gateway}/v1/chat/completions", json=CHAT)
+    assert answer.status_code == 200 and len(stub.requests) == 1
