@@ -28,8 +28,10 @@ from backends.tier_state import TierState
 from gateway.admin import admin_routes
 from gateway.auth import AuthMiddleware
 from gateway.config import GatewayConfig
-from gateway.control.resets import ResetCoordinator, apply_shared_marks
+from gateway.control.reset_marks import apply_shared_marks
+from gateway.control.resets import ResetCoordinator
 from gateway.control.shadow import ShadowSampler, encoder
+from gateway.control.tier_dns import resolve_forever, resolve_pools
 from gateway.control.tier_memory import TierMemory, TierPids
 from gateway.control.tier_signals import derive_signals
 from gateway.control.tier_status import SupervisorStates, TierBoard, scrape_tier
@@ -112,6 +114,8 @@ def create_app(
             )
             await lock.start()
             coordinator = ResetCoordinator(runtime, lock)
+            with anyio.move_on_after(config.connect_timeout):  # a slow resolver: the loop retries
+                await resolve_pools(board)
             await scrape_all(runtime)
             app.state.runtime, app.state.resets = runtime, coordinator
             try:
@@ -123,6 +127,9 @@ def create_app(
                         metrics,
                     )
                     group.start_soon(keep_running, "resets", coordinator.run, metrics)
+                    if any(tier.dns for tier in config.tiers):
+                        pools = partial(resolve_forever, board, config.dns_interval)
+                        group.start_soon(keep_running, "dns", pools, metrics)
                     if isinstance(policies, PolicyStore) and config.watch_policy:
                         watch = partial(policies.watch, metrics.policy_reload)
                         group.start_soon(keep_running, "policy_watch", watch, metrics)
@@ -204,19 +211,21 @@ def load_counter(config: GatewayConfig) -> PromptCounter:
 
 
 async def scrape_all(runtime: Runtime) -> None:
-    """Scrape every tier once (concurrently) and publish what was seen."""
+    """Scrape every endpoint of every tier once (concurrently) and publish what was seen."""
     now = anyio.current_time()
     timeout = runtime.config.connect_timeout
     model = runtime.config.model_name
 
-    async def one(name: str) -> None:
-        tier = runtime.board.tiers[name]
-        runtime.board.record(name, await scrape_tier(runtime.upstream, tier, model, timeout, now))
+    async def one(name: str, url: str) -> None:
+        endpoint = runtime.board.endpoint(name, url)
+        scrape = await scrape_tier(runtime.upstream, endpoint, model, timeout, now)
+        runtime.board.record(name, scrape, url)
 
     before = {name: runtime.board.state(name) for name in runtime.board.tiers}
     async with anyio.create_task_group() as group:
         for name in runtime.board.tiers:
-            group.start_soon(one, name)
+            for url in runtime.board.pool(name):  # every endpoint of every tier's pool
+                group.start_soon(one, name, url)
     await apply_shared_marks(runtime, SharedRecords(runtime.shared))
     await runtime.memory.sample()
     states = {name: status.state for name, status in runtime.board.statuses().items()}
@@ -273,6 +282,7 @@ async def metrics_endpoint(request: Request) -> Response:
             for name in board.tiers
         }
     )
+    runtime.metrics.endpoints.publish({name: board.endpoint_statuses(name) for name in board.tiers})
     body, content_type = runtime.metrics.render(request.headers.get("accept"))
     return Response(body, media_type=content_type)
 

@@ -22,12 +22,22 @@ from common.operator_yaml import OperatorYamlError, compose_yaml, read_text, val
 
 
 class TierEndpoint(BaseModel):
-    """One OpenAI-compatible server (a vLLM tier), e.g. ``fp16`` at ``http://127.0.0.1:8001``."""
+    """One tier: a pool of OpenAI-compatible servers (vLLM) serving one precision, e.g.
+    ``fp16`` at ``http://127.0.0.1:8001``.
+
+    The pool is given by one of: ``base_url`` (one server), ``endpoints`` (a static list of
+    server URLs) or ``dns`` (``host:port``, optionally with an ``http://``/``https://`` scheme:
+    a name resolving to many addresses, e.g. a Kubernetes headless Service, re-resolved every
+    ``GatewayConfig.dns_interval`` seconds by gateway/control/tier_dns.py). Without its own
+    ``base_url`` a pool's is its first endpoint (or ``scheme://host:port`` for ``dns``): the
+    address used where one URL stands for the tier (memory sampling, resets)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1)
     base_url: str
+    endpoints: list[str] | None = Field(default=None, min_length=1)
+    dns: str | None = None
     max_model_len: int = Field(default=2048, gt=0)  # prompt + completion tokens it accepts
     # The request classes this tier may serve (the in-engine admission check's verdict, see
     # measure/admission.py); None: every class. A route naming the tier skips it for others.
@@ -37,13 +47,71 @@ class TierEndpoint(BaseModel):
     # None: none sent. Kept out of repr; from MO_TIER_API_KEY when the file gives none.
     api_key: str | None = Field(default=None, min_length=1, repr=False)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_source(cls, data: object) -> object:
+        """Exactly one of base_url, endpoints, dns; a pool's base_url from its first member."""
+        if not isinstance(data, dict):
+            return data
+        given = [key for key in ("base_url", "endpoints", "dns") if data.get(key) is not None]
+        if len(given) != 1:
+            shown = ", ".join(given) if given else "none"
+            raise ValueError(f"give exactly one of base_url, endpoints, dns (got {shown})")
+        if given == ["endpoints"] and isinstance(data["endpoints"], list) and data["endpoints"]:
+            first = data["endpoints"][0]
+            return {**data, "base_url": first} if isinstance(first, str) else data
+        if given == ["dns"] and isinstance(data["dns"], str):
+            scheme, host, port = split_dns(data["dns"])
+            return {**data, "base_url": f"{scheme}://{host}:{port}"}
+        return data
+
     @field_validator("base_url")
     @classmethod
     def _check_base_url(cls, value: str) -> str:
-        value = value.strip().rstrip("/")
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got {value!r}")
-        return value
+        return _check_url(value, "base_url")
+
+    @field_validator("endpoints")
+    @classmethod
+    def _check_endpoints(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        urls = [_check_url(url, "endpoints") for url in value]
+        repeated = sorted({url for url in urls if urls.count(url) > 1})
+        if repeated:
+            raise ValueError(f"endpoints must be unique, repeated: {', '.join(repeated)}")
+        return urls
+
+    @field_validator("dns")
+    @classmethod
+    def _check_dns(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        scheme, host, port = split_dns(value)
+        return f"{scheme}://{host}:{port}"
+
+    def pool(self) -> list[str]:
+        """The configured endpoint URLs (a ``dns`` tier's come from resolving it)."""
+        return list(self.endpoints) if self.endpoints is not None else [self.base_url]
+
+
+def _check_url(value: str, field: str) -> str:
+    value = value.strip().rstrip("/")
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(f"{field} must start with http:// or https://, got {value!r}")
+    return value
+
+
+def split_dns(value: str) -> tuple[str, str, int]:
+    """``[http://|https://]host:port`` as (scheme, host, port); ValueError naming the field."""
+    text = value.strip().rstrip("/")
+    scheme = "http"
+    for prefix in ("http://", "https://"):
+        if text.startswith(prefix):
+            scheme, text = prefix[:-3], text[len(prefix) :]
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or "/" in text or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"dns must be host:port (a name and a port 1-65535), got {value!r}")
+    return scheme, host, int(port)
 
 
 class MeasuredTier(BaseModel):
@@ -89,6 +157,7 @@ class GatewayConfig(BaseModel):
     # (wrong keys count too); None: no limit.
     admin_rate_limit_per_minute: int | None = Field(default=300, gt=0)
     metrics_interval: float = Field(default=2.0, gt=0)  # seconds between scrapes of the tiers
+    dns_interval: float = Field(default=10.0, gt=0)  # seconds between resolving `dns` tiers
     # Completion requests this process holds at once; past it new ones get a prompt 503 with
     # Retry-After (load shedding) instead of queueing behind an overloaded event loop.
     max_in_flight: int = Field(default=256, gt=0)

@@ -10,6 +10,9 @@ Contract:
   a new series, so free text would explode the series count.
 * ``render(accept)`` returns ``(body, content_type)``: OpenMetrics when the Accept header asks
   for ``application/openmetrics-text``, else the Prometheus text format.
+* The ``endpoint`` label (an endpoint URL of a tier's pool) is only on the three
+  ``gateway_endpoint_*`` gauges, rendered from the pools as they are now: an endpoint that
+  left its pool has no series left, so their number stays the number of endpoints.
 * Nothing happens at import time.
 """
 
@@ -22,7 +25,9 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from backends.tier_state import TierState
 from gateway.control.tier_signals import TierSignals
+from gateway.request.endpoint_choice import EndpointStatus
 
 NO_TIER = "none"
 # LLM calls span milliseconds (a rejected or cached answer) to minutes (a long generation).
@@ -143,6 +148,8 @@ class GatewayMetrics:
         )
         self.tier_signals = TierSignalsCollector()
         reg.register(self.tier_signals)
+        self.endpoints = EndpointCollector()
+        reg.register(self.endpoints)
 
     def observe_request(
         self,
@@ -193,7 +200,7 @@ class GatewayMetrics:
         self.reset_duration.labels(tier=tier).observe(max(seconds, 0.0))
 
     def background_error(self, loop: str) -> None:
-        """A background loop (scrape, resets, policy_watch) failed and will start again."""
+        """A background loop (scrape, resets, policy_watch, dns) failed and will start again."""
         self.background_errors.labels(loop).inc()
 
     def shadow_compared(self, tier: str, agreement: float, deviated: bool) -> None:
@@ -258,3 +265,38 @@ class TierSignalsCollector(Collector):
                 if value is not None:
                     family.add_metric([tier], float(value))
             yield family
+
+
+class EndpointCollector(Collector):
+    """Renders each endpoint of each tier's pool as last published: ready or not, waiting
+    requests and KV usage (``gateway_endpoint_*{tier,endpoint}``)."""
+
+    def __init__(self) -> None:
+        self._pools: dict[str, list[EndpointStatus]] = {}
+
+    def publish(self, pools: Mapping[str, list[EndpointStatus]]) -> None:
+        self._pools = {tier: list(endpoints) for tier, endpoints in pools.items()}
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["tier", "endpoint"]
+        up = GaugeMetricFamily(
+            "gateway_endpoint_up", "1 when the endpoint of the tier's pool is ready.", labels=labels
+        )
+        waiting = GaugeMetricFamily(
+            "gateway_endpoint_requests_waiting",
+            "vllm:num_requests_waiting of the endpoint at its last scrape.",
+            labels=labels,
+        )
+        kv = GaugeMetricFamily(
+            "gateway_endpoint_kv_usage_ratio",
+            "Share (0..1) of the endpoint's KV blocks in use at its last scrape.",
+            labels=labels,
+        )
+        for tier, endpoints in self._pools.items():
+            for endpoint in endpoints:
+                up.add_metric(
+                    [tier, endpoint.url], 1.0 if endpoint.state == TierState.READY else 0.0
+                )
+                waiting.add_metric([tier, endpoint.url], endpoint.requests_waiting)
+                kv.add_metric([tier, endpoint.url], endpoint.kv_usage)
+        yield from (up, waiting, kv)

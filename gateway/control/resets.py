@@ -8,7 +8,9 @@ fencing token) acts:
 1. it picks at most one tier (gateway/control/reset_schedule.py: window, quiet, interval, triggers,
    never a tier whose class would be left with no ready tier, never two at once), or the tier
    an operator asked for (``POST /admin/resets/{tier}``, queued for whichever replica leads);
-2. marks it ``draining`` in shared state: every replica's router sends its traffic down the
+2. marks it ``draining`` in shared state (a tier that is a pool of several endpoints stays in
+   routing instead: its endpoints are drained and reset one at a time, never the last ready
+   one, gateway/control/pool_resets.py): every replica's router sends its traffic down the
    chain to sibling tiers (the marks expire after ``lock_ttl_seconds`` unless renewed, so a
    leader that dies cannot keep a tier out);
 3. waits for the tier's in-flight requests (all replicas) to finish, at most
@@ -35,12 +37,15 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import anyio
 from pydantic import TypeAdapter, ValidationError
 
 from backends.client import TierClient, TierClientError
 from backends.tier_state import TierState
+from gateway.control.pool_resets import RollSettings, roll_pool
+from gateway.control.reset_marks import MARKS, endpoint_marks_value, json_object
 from gateway.control.reset_schedule import ResetDecision, TierResetState, choose_reset
 from gateway.control.ttft_drift import TtftDrift
 from gateway.runtime import Runtime
@@ -49,9 +54,8 @@ from gateway.shared.state import SharedRecords
 
 logger = logging.getLogger(__name__)
 
-MARKS, CURRENT, HISTORY, REQUESTS = "reset:marks", "reset:current", "reset:history", "reset:queue"
+CURRENT, HISTORY, REQUESTS = "reset:current", "reset:history", "reset:queue"
 RATE_WINDOW = 10.0  # seconds of traffic behind each quiet check
-_STATES = {state.value: state for state in TierState}  # a mark's JSON value -> its state
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,7 @@ class ResetCoordinator:
         clock: Callable[[], float] = time.time,
         tick: float = 1.0,
         tier_client: Callable[[str], TierClient] | None = None,
+        endpoint_client: Callable[[str, str], TierClient] | None = None,
     ) -> None:
         self.runtime = runtime
         self.lock = lock
@@ -87,6 +92,7 @@ class ResetCoordinator:
         self.clock = clock
         self.tick_seconds = tick
         self._tier_client = tier_client or self._default_client
+        self._endpoint_client = endpoint_client or self._default_client
         self.quiet_since: float | None = None
         self.last_decision: ResetDecision | None = None
         self.ttft = TtftDrift()
@@ -183,6 +189,8 @@ class ResetCoordinator:
 
     async def _drain_and_reset(self, tier: str, token: int) -> tuple[str, str]:
         resets = self.runtime.policies.active.policy.resets
+        if len(self.runtime.board.pool(tier)) > 1:  # a pool stays in routing (pool_resets.py)
+            return await self._roll(tier, token)
         await self._mark(tier, TierState.DRAINING, token)
         # Other replicas pick the mark up with their next scrape; until then they may still
         # send the tier a request, which the in-flight count below then waits for.
@@ -203,6 +211,24 @@ class ResetCoordinator:
         self.ttft.reset_done(tier, self.clock(), self._ttft_buckets(tier))
         return outcome, result.detail
 
+    async def _roll(self, tier: str, token: int) -> tuple[str, str]:
+        """Reset a pool's endpoints one at a time (gateway/control/pool_resets.py)."""
+        runtime, resets = self.runtime, self.runtime.policies.active.policy.resets
+
+        async def mark(url: str, state: TierState | None) -> None:
+            value = endpoint_marks_value(tier, url, state, token)
+            await self.records.put(MARKS, value, ttl=resets.lock_ttl_seconds)
+            runtime.board.set_endpoint_state(tier, url, state)
+
+        config = runtime.config
+        settings = RollSettings(config.metrics_interval, resets.drain_timeout_seconds,
+                                config.model_name)  # fmt: skip
+        client = partial(self._endpoint_client, tier)
+        outcome, detail = await roll_pool(runtime.board, tier, mark, client, settings)
+        if outcome == "ok":
+            self.ttft.reset_done(tier, self.clock(), self._ttft_buckets(tier))
+        return outcome, detail
+
     async def _keep_leading(self, tier: str, token: int, stop: Callable[[], None]) -> None:
         """Renew the lock and the tier's mark; stop the reset when leadership is lost."""
         ttl = self.runtime.policies.active.policy.resets.lock_ttl_seconds
@@ -211,9 +237,9 @@ class ResetCoordinator:
             if not await self.lock.renew():
                 stop()
                 return
-            marks = await self._marks()
-            if tier in marks:
-                await self._mark(tier, marks[tier], token)
+            raw = await self.records.get(MARKS)  # the tier's or one endpoint's mark
+            if raw is not None:
+                await self.records.put(MARKS, raw, ttl=ttl)
 
     # ------------------------------------------------------------------ shared marks
 
@@ -224,14 +250,11 @@ class ResetCoordinator:
         await self.records.put(MARKS, value, ttl=ttl)
         self.runtime.board.set_state(tier, state)
 
-    async def _marks(self) -> dict[str, TierState]:
-        return parse_marks(await self.records.get(MARKS))
-
     async def _close_abandoned(self, token: int) -> None:
         raw = await self.records.get(CURRENT)
         if raw is None:
             return
-        current = _json_object(raw)
+        current = json_object(raw)
         if current is None:
             logger.warning("shared %s holds no reset record (%.60r); cleared", CURRENT, raw)
             await self.records.put(CURRENT, None, ttl=1)
@@ -301,7 +324,7 @@ class ResetCoordinator:
             "leader": {"holder": holder, "token": token, "this_replica": self.lock.holder},
             "quiet_for_seconds": None if since is None else self.clock() - since,
             "last_decision": self.last_decision.reason if self.last_decision else None,
-            "current": _json_object(current) if current else None,
+            "current": json_object(current) if current else None,
             "history": [asdict(record) for record in await self.history()],
         }
 
@@ -326,45 +349,23 @@ class ResetCoordinator:
     def _holder(self) -> str:
         return self.lock.holder
 
-    def _default_client(self, tier: str) -> TierClient:
-        if tier not in self._clients:
+    def _default_client(self, tier: str, url: str | None = None) -> TierClient:
+        """The client of ``tier`` (of its endpoint ``url`` in a pool), kept for reuse."""
+        key = url or tier
+        if key not in self._clients:
             endpoint = self.runtime.board.tiers[tier]
             model = self.runtime.config.model_name
             client = TierClient(
-                endpoint.base_url,
+                url or endpoint.base_url,
                 self.runtime.upstream.client,
                 model=model,
                 api_key=endpoint.api_key,
             )
-            self._clients[tier] = client
-        return self._clients[tier]
-
-
-def parse_marks(raw: str | None) -> dict[str, TierState]:
-    """``{tier: state}`` from the shared marks value (the fencing token, and any value that
-    is not a tier state, dropped)."""
-    if not raw:
-        return {}
-    value = _json_object(raw)
-    if value is None:
-        return {}
-    return {
-        k: _STATES[v]
-        for k, v in value.items()
-        if k != "token" and isinstance(v, str) and v in _STATES
-    }
+            self._clients[key] = client
+        return self._clients[key]
 
 
 _RECORD = TypeAdapter(ResetRecord)
-
-
-def _json_object(raw: str) -> dict[str, object] | None:
-    """The JSON object ``raw`` holds; ``None`` when it is not JSON or not an object."""
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _int(value: object, default: int) -> int:
@@ -375,10 +376,3 @@ def _float(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return 0.0
     return float(value)
-
-
-async def apply_shared_marks(runtime: Runtime, records: SharedRecords) -> None:
-    """Make this replica's board follow the leader's marks (called after each scrape)."""
-    marks = parse_marks(await records.get(MARKS))
-    for name in runtime.board.tiers:
-        runtime.board.set_state(name, marks.get(name))

@@ -48,6 +48,7 @@ from gateway.control.tier_status import TierBoard
 from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
 from gateway.policy.schema import ShadowPolicy
+from gateway.request.endpoint_choice import Saturation
 from gateway.request.limits import TokenCounter
 from gateway.request.plan import PromptCounter
 from gateway.request.upstream import Upstream
@@ -55,6 +56,7 @@ from gateway.telemetry import ATTR_TIER, inject_trace_headers
 
 logger = logging.getLogger(__name__)
 
+_ANY_LOAD = Saturation(float("inf"), float("inf"))  # order a pool's endpoints, drop none
 SKIP = "skip"  # not a shadowed tier, or not drawn: nothing is counted
 COMPARE = "compare"
 Encode = Callable[[str], Sequence[int]]
@@ -310,9 +312,12 @@ class ShadowSampler:
     async def _ask(
         self, name: str, path: str, body: Mapping[str, Any], headers: Mapping[str, str]
     ) -> str:
-        tier = self._board.tiers.get(name)
-        if tier is None:
+        # The least loaded ready endpoint of the tier's pool (saturation is decide()'s to judge).
+        known = name in self._board.tiers
+        chain = self._board.endpoint_chain(name, None, _ANY_LOAD) if known else []
+        if not chain:
             raise ShadowFailed("reference_not_ready")
+        tier = chain[0]
         try:
             response = await self._upstream.send(tier, "POST", path, dict(body), headers)
             raw = await self._upstream.read(tier, response)

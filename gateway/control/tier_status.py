@@ -7,7 +7,9 @@
   depth and KV-cache usage for saturation, scraped every ``metrics_interval`` seconds. A tier
   without ``/metrics`` is probed at ``/health``; a tier that answers neither is ``down``.
 
-``scrape_tier`` does the I/O for one tier; ``TierBoard.record`` and ``statuses`` are pure.
+A tier is a pool of endpoints (gateway/config.py): each endpoint is scraped and judged on its
+own, and the tier is ready when any endpoint is (its load: its least loaded ready endpoint's).
+``scrape_tier`` does the I/O for one endpoint; ``TierBoard.record`` and ``statuses`` are pure.
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ from gateway.config import TierEndpoint
 from gateway.control.live_guard import LiveGuard
 from gateway.errors import APIError
 from gateway.policy.schema import CLASS_NAMES
+from gateway.request.endpoint_choice import (
+    EndpointStatus,
+    Saturation,
+    choose_endpoints,
+    endpoint_id,
+    load_key,
+    saturated,
+)
 from gateway.request.router import TierStatus
 from gateway.request.upstream import Upstream, aclose_quietly
 
@@ -40,7 +50,13 @@ class Scrape:
 
 
 class TierBoard:
-    """The latest known status of each configured tier."""
+    """The latest known status of each configured tier and of each endpoint of its pool.
+
+    A tier's pool starts as its configured endpoints (``TierEndpoint.pool``); a ``dns`` tier's
+    is replaced by ``set_pool`` each time its name is resolved (gateway/control/tier_dns.py).
+    Scrapes and endpoint marks are kept per (tier, endpoint URL); an endpoint that leaves the
+    pool takes them along.
+    """
 
     def __init__(
         self,
@@ -49,14 +65,45 @@ class TierBoard:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tiers = {tier.name: tier for tier in tiers}
+        self._pools = {tier.name: tier.pool() for tier in tiers}
         self._supervisor_states = supervisor_states
         self._clock = clock
-        self._scrapes: dict[str, Scrape] = {}
+        self._scrapes: dict[tuple[str, str], Scrape] = {}
         self._marks: dict[str, TierState] = {}  # the reset coordinator's, e.g. draining
+        self._endpoint_marks: dict[tuple[str, str], TierState] = {}
         self.guard = LiveGuard()  # classes shadow comparisons withheld from a tier
 
-    def record(self, name: str, scrape: Scrape) -> None:
-        self._scrapes[name] = scrape
+    # ------------------------------------------------------------------ pools
+
+    def pool(self, name: str) -> list[str]:
+        """The endpoint URLs of tier ``name`` now."""
+        return list(self._pools[name])
+
+    def set_pool(self, name: str, urls: Sequence[str]) -> bool:
+        """Replace a tier's endpoints (what its DNS name resolves to now); what the board knew
+        of an endpoint that left is dropped. Returns whether the pool changed."""
+        urls = list(dict.fromkeys(urls))
+        if urls == self._pools[name]:
+            return False
+        self._pools[name] = urls
+        kept = set(urls)
+        for key in [k for k in self._scrapes if k[0] == name and k[1] not in kept]:
+            del self._scrapes[key]
+        for key in [k for k in self._endpoint_marks if k[0] == name and k[1] not in kept]:
+            del self._endpoint_marks[key]
+        return True
+
+    def endpoint(self, name: str, url: str) -> TierEndpoint:
+        """The tier as one of its endpoints sees it (what ``Upstream.send`` takes)."""
+        return self.tiers[name].model_copy(update={"base_url": url})
+
+    # ------------------------------------------------------------------ what is known
+
+    def record(self, name: str, scrape: Scrape, endpoint: str | None = None) -> None:
+        """One scrape of ``endpoint`` of tier ``name`` (None: the tier's ``base_url``)."""
+        url = endpoint if endpoint is not None else self.tiers[name].base_url
+        if url in self._pools[name]:
+            self._scrapes[(name, url)] = scrape
 
     def set_state(self, name: str, state: TierState | None) -> None:
         """Override a tier's state (``draining``, ``resetting``); ``None`` lifts it."""
@@ -65,33 +112,85 @@ class TierBoard:
         else:
             self._marks[name] = state
 
-    def state(self, name: str) -> TierState:
-        """A mark wins, then a supervisor state other than ready, then the last scrape."""
+    def set_endpoint_state(self, name: str, url: str, state: TierState | None) -> None:
+        """Override one endpoint's state (a reset rolling through a pool); ``None`` lifts it."""
+        if state is None:
+            self._endpoint_marks.pop((name, url), None)
+        elif url in self._pools[name]:
+            self._endpoint_marks[(name, url)] = state
+
+    def endpoint_state(self, name: str, url: str) -> TierState:
+        """A tier mark wins, then the endpoint's mark, then a supervisor state other than
+        ready, then the endpoint's last scrape (never scraped: ready)."""
         if name in self._marks:
             return self._marks[name]
+        if (name, url) in self._endpoint_marks:
+            return self._endpoint_marks[(name, url)]
         if self._supervisor_states is not None:
             supervised = self._supervisor_states().get(name, TierState.DOWN)
             if supervised != TierState.READY:
                 return supervised
-        scrape = self._scrapes.get(name)
+        scrape = self._scrapes.get((name, url))
         return TierState.READY if scrape is None or scrape.healthy else TierState.DOWN
 
-    def metrics(self, name: str) -> TierMetrics | None:
-        """The tier's last scraped metrics (``None``: none yet)."""
-        scrape = self._scrapes.get(name)
-        return scrape.metrics if scrape is not None else None
+    def state(self, name: str) -> TierState:
+        """Ready when any endpoint is; else the first endpoint's state (down: no endpoint)."""
+        if name in self._marks:
+            return self._marks[name]
+        states = [self.endpoint_state(name, url) for url in self._pools[name]]
+        if TierState.READY in states:
+            return TierState.READY
+        return states[0] if states else TierState.DOWN
 
-    def statuses(self) -> dict[str, TierStatus]:
-        """Every configured tier's ``TierStatus``, in configuration order."""
+    def endpoint_statuses(self, name: str) -> list[EndpointStatus]:
+        """Each endpoint of tier ``name`` with its state and last scraped load."""
+        out = []
+        for url in self._pools[name]:
+            scrape = self._scrapes.get((name, url))
+            metrics = scrape.metrics if scrape is not None else None
+            out.append(
+                EndpointStatus(
+                    url,
+                    self.endpoint_state(name, url),
+                    metrics.requests_waiting if metrics else 0.0,
+                    metrics.kv_cache_usage if metrics else 0.0,
+                    metrics.requests_running if metrics else 0.0,
+                )
+            )
+        return out
+
+    def endpoint_chain(
+        self, name: str, session: str | None, limits: Saturation
+    ) -> list[TierEndpoint]:
+        """The endpoints of tier ``name`` to try for a request, in order
+        (gateway/request/endpoint_choice.py)."""
+        choice = choose_endpoints(self.endpoint_statuses(name), session, limits)
+        return [self.endpoint(name, url) for url in choice.order]
+
+    def metrics(self, name: str) -> TierMetrics | None:
+        """The last scraped metrics of the tier's first endpoint that has some (``None``: none
+        yet); a pool's tier-wide signals are its first endpoint's."""
+        for url in self._pools[name]:
+            scrape = self._scrapes.get((name, url))
+            if scrape is not None and scrape.metrics is not None:
+                return scrape.metrics
+        return None
+
+    def statuses(self, limits: Saturation | None = None) -> dict[str, TierStatus]:
+        """Every configured tier's ``TierStatus``, in configuration order. A pool's load is
+        that of its least loaded ready endpoint (with ``limits``: the least loaded one that is
+        not saturated, if any), so a tier is saturated only when all its endpoints are."""
         out: dict[str, TierStatus] = {}
         for name, tier in self.tiers.items():
-            scrape = self._scrapes.get(name)
-            metrics = scrape.metrics if scrape is not None else None
+            ready = [e for e in self.endpoint_statuses(name) if e.state == TierState.READY]
+            if limits is not None:
+                ready = [e for e in ready if not saturated(e, limits)] or ready
+            best = min(ready, key=load_key) if ready else None
             out[name] = TierStatus(
                 name=name,
                 state=self.state(name),
-                requests_waiting=metrics.requests_waiting if metrics else 0.0,
-                kv_usage=metrics.kv_cache_usage if metrics else 0.0,
+                requests_waiting=best.requests_waiting if best else 0.0,
+                kv_usage=best.kv_usage if best else 0.0,
                 max_model_len=tier.max_model_len,
                 classes=self._classes(name),
             )
@@ -106,27 +205,50 @@ class TierBoard:
         return frozenset(admitted if admitted is not None else CLASS_NAMES) - withheld
 
     def describe(self) -> dict[str, dict[str, object]]:
-        """For ``/admin/tiers``: state, last scrape and load of each tier."""
-        now = self._clock()
+        """For ``/admin/tiers``: state, last scrape and load of each tier (a tier's figures
+        are its first endpoint's) and of each endpoint of its pool."""
         out: dict[str, dict[str, object]] = {}
         for name, tier in self.tiers.items():
-            scrape = self._scrapes.get(name)
-            metrics = scrape.metrics if scrape is not None else None
+            endpoints = [self._describe_endpoint(name, url) for url in self._pools[name]]
+            first: dict[str, object] = endpoints[0] if endpoints else {}
             out[name] = {
                 "state": self.state(name),
                 "base_url": tier.base_url,
+                "dns": tier.dns,
                 "max_model_len": tier.max_model_len,
                 "classes": tier.classes,
                 "withheld": sorted(self.guard.classes_withheld(name)),
                 "admission": tier.admission,
-                "scraped_seconds_ago": round(now - scrape.at, 1) if scrape else None,
-                "scrape_error": scrape.error if scrape else None,
-                "requests_running": metrics.requests_running if metrics else None,
-                "requests_waiting": metrics.requests_waiting if metrics else None,
-                "kv_cache_usage": metrics.kv_cache_usage if metrics else None,
-                "preemptions": metrics.preemptions if metrics else None,
+                **{key: first.get(key) for key in _LOAD_FIELDS},
+                "endpoints": endpoints,
             }
         return out
+
+    def _describe_endpoint(self, name: str, url: str) -> dict[str, object]:
+        now = self._clock()
+        scrape = self._scrapes.get((name, url))
+        metrics = scrape.metrics if scrape is not None else None
+        return {
+            "url": url,
+            "id": endpoint_id(url),
+            "state": self.endpoint_state(name, url),
+            "scraped_seconds_ago": round(now - scrape.at, 1) if scrape else None,
+            "scrape_error": scrape.error if scrape else None,
+            "requests_running": metrics.requests_running if metrics else None,
+            "requests_waiting": metrics.requests_waiting if metrics else None,
+            "kv_cache_usage": metrics.kv_cache_usage if metrics else None,
+            "preemptions": metrics.preemptions if metrics else None,
+        }
+
+
+_LOAD_FIELDS = (
+    "scraped_seconds_ago",
+    "scrape_error",
+    "requests_running",
+    "requests_waiting",
+    "kv_cache_usage",
+    "preemptions",
+)
 
 
 async def scrape_tier(

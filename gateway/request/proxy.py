@@ -24,6 +24,8 @@ from starlette.responses import JSONResponse, Response
 from backends.tier_state import TierState
 from gateway.control.shadow import ShadowJob
 from gateway.errors import DETAIL, FULL_DETAIL, SERVER_ERROR, APIError, full_detail
+from gateway.policy.schema import RoutingPolicy
+from gateway.request.endpoint_choice import Saturation, endpoint_id, session_key
 from gateway.request.exchange import Exchange, usage_tokens
 from gateway.request.plan import assess, plan_route, route_headers
 from gateway.request.relay import (
@@ -40,6 +42,8 @@ from gateway.telemetry import ATTR_CLASS, ATTR_INPUT_TOKENS, ATTR_REASON, inject
 logger = logging.getLogger(__name__)
 
 TIER_HEADER = "x-route-tier"
+ENDPOINT_HEADER = "x-route-endpoint"  # which endpoint of the tier's pool answered
+ATTR_ENDPOINT = "gateway.route.endpoint"
 CLOSE = {"Connection": "close"}  # on an answer sent before the whole body was read
 # Objects and arrays in a request body, nested; OpenAI bodies (tool and response schemas
 # included) stay far below it, and it keeps every later encoder and walker off the recursion
@@ -229,10 +233,12 @@ async def _completion(
     full = full_detail(request)
     pinned = request.headers.get(active.policy.pinning.header)
     with tracer.start_as_current_span("route") as span:
-        plan = plan_route(found, active.policy, runtime.board.statuses(), pinned, path)
+        limits = saturation_limits(active.policy)
+        plan = plan_route(found, active.policy, runtime.board.statuses(limits), pinned, path)
         span.set_attribute(ATTR_REASON, plan.reason)
     exchange.reason = plan.reason
-    tiers = [runtime.board.tiers[name] for name in plan.chain]
+    session = session_key(request.headers, body)
+    tiers = [runtime.board.endpoint_chain(name, session, limits) for name in plan.chain]
 
     upstream_span = exchange.child("upstream")
     headers = dict(request.headers)
@@ -258,7 +264,11 @@ async def _completion(
             exc.headers.update(route_headers(plan.cls, None, plan.reason))
             raise
         upstream_span.set_attribute("gateway.route.tier", tier.name)
+        upstream_span.set_attribute(ATTR_ENDPOINT, tier.base_url)
         answer_headers = route_headers(plan.cls, tier.name, plan.reason if full else None)
+        # Addresses only to clients told everything; others get the endpoint's stable id
+        # (/admin/tiers lists both).
+        answer_headers[ENDPOINT_HEADER] = tier.base_url if full else endpoint_id(tier.base_url)
         link = exchange.span.get_span_context()  # shadow comparisons link to the request
         shadow = ShadowJob(
             tier.name,
@@ -293,6 +303,11 @@ async def _completion(
     return outcome
 
 
+def saturation_limits(policy: RoutingPolicy) -> Saturation:
+    """The policy's saturation thresholds, as the endpoint choice takes them."""
+    return Saturation(policy.saturation.max_requests_waiting, policy.saturation.max_kv_usage)
+
+
 def offer_shadow(runtime: Runtime, job: ShadowJob) -> None:
     """Offer an answered request to shadow sampling (gateway/control/shadow.py); never waits."""
     policy = runtime.policies.active.policy.shadow
@@ -314,10 +329,15 @@ async def list_models(request: Request) -> Response:
     runtime = get_runtime(request)
     note_detail(request, runtime)
     model_name = runtime.config.model_name
-    ready = [s.name for s in runtime.board.statuses().values() if s.state == TierState.READY]
+    board = runtime.board
+    limits = saturation_limits(runtime.policies.active.policy)
+    ready = [s.name for s in board.statuses().values() if s.state == TierState.READY]
     failures: list[str] = []
     for name in ready:
-        tier = runtime.board.tiers[name]
+        chain = board.endpoint_chain(name, None, limits)
+        if not chain:
+            continue
+        tier = chain[0]
         try:
             response = await runtime.upstream.send(tier, "GET", "/v1/models", None, request.headers)
         except APIError as exc:

@@ -1,7 +1,8 @@
 """Relaying one request to its chain of tiers: open, fall back, stream or read, close.
 
-- ``open_chain`` tries the plan's tiers in order; a connect error or a 503 before the first
-  byte moves on to the next tier. Once a tier has answered, that answer is the answer.
+- ``open_chain`` tries the plan's tiers in order, each tier's endpoints in the order the
+  endpoint choice gave; a connect error or a 503 before the first byte moves on to the next
+  endpoint of the tier, then to the next tier. Once one has answered, that answer is the answer.
 - ``UpstreamStreamingResponse`` relays SSE bytes as they come (no buffering); a tier failing
   mid-stream ends the stream with one SSE error event, never a second answer. However the
   stream ends (done, failed, client gone) the upstream connection is closed, which makes vLLM
@@ -36,45 +37,57 @@ NO_SERVER = "no model server is available; retry shortly"  # what clients are to
 
 async def open_chain(
     upstream: Upstream,
-    tiers: list[TierEndpoint],
+    tiers: list[list[TierEndpoint]],
     body_for: Callable[[str], Any],
     path: str,
     headers: Mapping[str, str],
     exchange: Exchange,
     first_byte: float = float("inf"),
 ) -> tuple[TierEndpoint, httpx.Response]:
-    """Open the request on the first tier that connects, answers within ``first_byte``
-    seconds and does not answer 503."""
+    """Open the request on the first endpoint that connects, answers within ``first_byte``
+    seconds and does not answer 503. ``tiers``: the chain, each tier as its endpoints in the
+    order to try (gateway/request/endpoint_choice.py; one for a single-server tier), so a
+    failing endpoint moves on to the next endpoint of its tier before the next tier. Returns
+    the endpoint that answered (its ``base_url`` is the endpoint's URL) and its response."""
     failures: list[str] = []
-    for tier in tiers:
-        await exchange.acquire(tier.name)
-        response = None
-        try:
-            with anyio.move_on_after(first_byte):
-                response = await upstream.send(tier, "POST", path, body_for(tier.name), headers)
-        except UpstreamUnavailable:
-            failures.append(f"{tier.name} unreachable")
-            exchange.fell_back(tier.name, "unreachable")
+    for endpoints in tiers:
+        if not endpoints:
             continue
-        if response is None:  # cancelling the send closed its connection: vLLM aborts
-            failures.append(f"{tier.name} did not answer within {first_byte:g} s")
-            exchange.fell_back(tier.name, "timeout")
-            continue
-        if response.status_code == 503:
-            await aclose_quietly(response)
-            failures.append(f"{tier.name} answered 503")
-            exchange.fell_back(tier.name, "503")
-            continue
-        return tier, response
+        await exchange.acquire(endpoints[0].name)
+        for tier in endpoints:
+            where = _where(tier, len(endpoints))
+            response = None
+            try:
+                with anyio.move_on_after(first_byte):
+                    response = await upstream.send(tier, "POST", path, body_for(tier.name), headers)
+            except UpstreamUnavailable:
+                failures.append(f"{where} unreachable")
+                exchange.fell_back(tier.name, "unreachable")
+                continue
+            if response is None:  # cancelling the send closed its connection: vLLM aborts
+                failures.append(f"{where} did not answer within {first_byte:g} s")
+                exchange.fell_back(tier.name, "timeout")
+                continue
+            if response.status_code == 503:
+                await aclose_quietly(response)
+                failures.append(f"{where} answered 503")
+                exchange.fell_back(tier.name, "503")
+                continue
+            return tier, response
     await exchange.release()
     raise APIError(
         503,
-        f"no tier is available ({', '.join(failures)}); retry shortly",
+        f"no tier is available ({', '.join(failures) or 'no endpoint is ready'}); retry shortly",
         SERVER_ERROR,
         code="no_tier_available",
         headers={"Retry-After": "5"},
         public=NO_SERVER,
     )
+
+
+def _where(endpoint: TierEndpoint, pool_size: int) -> str:
+    """A failure's place: the tier, and the endpoint when its pool has several."""
+    return endpoint.name if pool_size == 1 else f"{endpoint.name} at {endpoint.base_url}"
 
 
 def normalise_error(

@@ -114,3 +114,44 @@ def test_the_tier_key_comes_from_the_environment_for_tiers_without_one() -> None
     assert [t.api_key for t in keyed.tiers] == ["from-env", "own"]
     assert keys_from_environment(config, {}).tiers[0].api_key is None
     assert "from-env" not in repr(keyed)
+
+
+def test_a_tier_is_a_pool_of_endpoints_or_a_dns_name() -> None:
+    static = TierEndpoint.model_validate(
+        {"name": "fp16", "endpoints": ["http://10.0.0.1:8000/", "http://10.0.0.2:8000"]}
+    )
+    assert static.pool() == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
+    assert static.base_url == "http://10.0.0.1:8000"  # where one URL stands for the tier
+    named = TierEndpoint.model_validate({"name": "int8", "dns": "tier-int8.ns.svc:8000"})
+    assert (named.dns, named.base_url) == ("http://tier-int8.ns.svc:8000",) * 2
+    assert TierEndpoint.model_validate({"name": "a", "dns": "https://h:443"}).dns == "https://h:443"
+    single = TierEndpoint(name="a", base_url="http://x:1")
+    assert (single.pool(), single.dns, single.endpoints) == (["http://x:1"], None, None)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({}, "exactly one of base_url, endpoints, dns \\(got none\\)"),
+        ({"base_url": "http://x", "dns": "h:1"}, "got base_url, dns"),
+        ({"endpoints": []}, "at least 1 item"),
+        ({"endpoints": ["http://a", "10.0.0.2:8000"]}, "endpoints must start with http://"),
+        ({"endpoints": ["http://a", "http://a/"]}, "repeated: http://a"),
+        ({"dns": "tier-int8"}, "dns must be host:port"),
+        ({"dns": "h:0"}, "dns must be host:port"),
+        ({"dns": "h:80/path"}, "dns must be host:port"),
+    ],
+)
+def test_pool_mistakes_are_named(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        TierEndpoint.model_validate({"name": "fp16", **fields})
+
+
+def test_a_pool_in_a_file_points_at_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(
+        "model_name: m\ntiers:\n  - name: fp16\n    endpoints: [http://a:1, b:2]\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError, match=r"gateway.yaml:\d+: tiers.0.*endpoints must start"):
+        load_config(path)

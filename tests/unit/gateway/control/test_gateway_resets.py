@@ -15,14 +15,8 @@ from backends.client import ResetResult, TierClientError
 from backends.tier_state import TierState
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint
-from gateway.control.resets import (
-    CURRENT,
-    HISTORY,
-    MARKS,
-    ResetCoordinator,
-    apply_shared_marks,
-    parse_marks,
-)
+from gateway.control.reset_marks import MARKS, apply_shared_marks, parse_marks
+from gateway.control.resets import CURRENT, HISTORY, ResetCoordinator
 from gateway.runtime import Runtime
 from gateway.shared.leader import LeaderLock
 from gateway.shared.state import SharedRecords

@@ -16,6 +16,7 @@ from backends.metrics import TierMetrics
 from backends.tier_state import TierState
 from gateway.config import TierEndpoint
 from gateway.control.tier_status import Scrape, TierBoard, scrape_tier
+from gateway.request.endpoint_choice import Saturation
 from gateway.request.upstream import Upstream
 
 DATA = Path(__file__).parents[2] / "backends" / "data"
@@ -98,3 +99,43 @@ def test_scrape_falls_back_to_health_and_reports_down(start_server: Any, refused
 
     gone = asyncio.run(refused())
     assert not gone.healthy and "unreachable" in (gone.error or "")
+
+
+POOL = TierEndpoint.model_validate(
+    {"name": "int8", "endpoints": ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]}
+)
+A, B = POOL.pool()
+
+
+def test_a_pool_is_ready_while_any_endpoint_is() -> None:
+    board = TierBoard([POOL])
+    board.record("int8", Scrape(False, None, 0.0, "refused"), A)
+    assert board.state("int8") is TierState.READY  # B never scraped: trusted
+    board.set_endpoint_state("int8", B, TierState.DRAINING)
+    assert board.state("int8") is TierState.DOWN  # none ready: the first endpoint's state
+    assert [e.state for e in board.endpoint_statuses("int8")] == [
+        TierState.DOWN,
+        TierState.DRAINING,
+    ]
+    board.set_endpoint_state("int8", B, None)
+    board.set_state("int8", TierState.RESETTING)  # a tier mark covers every endpoint
+    assert {e.state for e in board.endpoint_statuses("int8")} == {TierState.RESETTING}
+    board.record("int8", Scrape(True, None, 0.0), "http://elsewhere:1")  # not in the pool
+    assert len(board.describe()["int8"]["endpoints"]) == 2  # type: ignore[arg-type]
+
+
+def test_a_pool_is_saturated_only_when_every_endpoint_is() -> None:
+    board = TierBoard([POOL])
+    board.record("int8", Scrape(True, TierMetrics(requests_waiting=0.0, kv_cache_usage=0.95), 0), A)
+    board.record("int8", Scrape(True, TierMetrics(requests_waiting=1.0, kv_cache_usage=0.1), 0), B)
+    limits = Saturation(max_requests_waiting=4, max_kv_usage=0.9)
+    status = board.statuses(limits)["int8"]
+    assert (status.requests_waiting, status.kv_usage) == (1.0, 0.1)  # B's: A is saturated
+    assert board.statuses()["int8"].kv_usage == 0.95  # without limits: the least loaded, A
+    chain = board.endpoint_chain("int8", None, limits)
+    assert [(e.name, e.base_url) for e in chain] == [("int8", B)]
+    described = board.describe()["int8"]
+    endpoints = described["endpoints"]
+    assert isinstance(endpoints, list)
+    assert [(e["url"], e["kv_cache_usage"]) for e in endpoints] == [(A, 0.95), (B, 0.1)]
+    assert described["kv_cache_usage"] == 0.95  # the tier's own figures: its first endpoint's

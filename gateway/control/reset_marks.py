@@ -1,0 +1,84 @@
+"""The shared reset marks: which tier, or which endpoint of a tier's pool, a reset holds out
+of routing. The leading replica (gateway/control/resets.py) writes them to shared state, every
+replica's board follows them after each scrape (``apply_shared_marks``).
+
+One value, renewed while the reset lasts (it expires ``lock_ttl_seconds`` after the last
+renewal, so a leader that dies cannot keep anything out): ``{tier: state, "token": n}`` for a
+whole tier, ``{"endpoints": {tier: {url: state}}, "token": n}`` for one endpoint of a pool
+(gateway/control/pool_resets.py). Values read back are validated: anything that is not a mark
+is dropped, never an exception (Redis is shared with other replicas and operators).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from backends.tier_state import TierState
+from gateway.control.tier_status import TierBoard
+from gateway.runtime import Runtime
+from gateway.shared.state import SharedRecords
+
+MARKS = "reset:marks"
+ENDPOINTS = "endpoints"  # the key of endpoint marks in the marks value
+_STATES = {state.value: state for state in TierState}  # a mark's JSON value -> its state
+
+
+def json_object(raw: str) -> dict[str, object] | None:
+    """The JSON object ``raw`` holds; ``None`` when it is not JSON or not an object."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def parse_marks(raw: str | None) -> dict[str, TierState]:
+    """``{tier: state}`` from the shared marks value (the fencing token, and any value that
+    is not a tier state, dropped)."""
+    value = json_object(raw) if raw else None
+    if value is None:
+        return {}
+    return {
+        k: _STATES[v]
+        for k, v in value.items()
+        if k != "token" and isinstance(v, str) and v in _STATES
+    }
+
+
+def endpoint_marks_value(tier: str, url: str, state: TierState | None, token: int) -> str | None:
+    """The shared marks value marking one endpoint of ``tier`` (``None``: no mark)."""
+    if state is None:
+        return None
+    return json.dumps({ENDPOINTS: {tier: {url: state.value}}, "token": token})
+
+
+def parse_endpoint_marks(raw: str | None) -> dict[tuple[str, str], TierState]:
+    """``{(tier, url): state}`` from the shared marks value; anything else is dropped."""
+    value = json_object(raw) if raw else None
+    pools = value.get(ENDPOINTS) if value is not None else None
+    if not isinstance(pools, dict):
+        return {}
+    out: dict[tuple[str, str], TierState] = {}
+    for tier, marks in pools.items():
+        if isinstance(tier, str) and isinstance(marks, dict):
+            for url, state in marks.items():
+                if isinstance(state, str) and state in _STATES:
+                    out[(tier, url)] = _STATES[state]
+    return out
+
+
+def apply_endpoint_marks(board: TierBoard, marks: Mapping[tuple[str, str], TierState]) -> None:
+    """Make the board's endpoint marks be exactly ``marks``."""
+    for name in board.tiers:
+        for url in board.pool(name):
+            board.set_endpoint_state(name, url, marks.get((name, url)))
+
+
+async def apply_shared_marks(runtime: Runtime, records: SharedRecords) -> None:
+    """Make this replica's board follow the leader's marks (called after each scrape)."""
+    raw = await records.get(MARKS)
+    marks = parse_marks(raw)
+    for name in runtime.board.tiers:
+        runtime.board.set_state(name, marks.get(name))
+    apply_endpoint_marks(runtime.board, parse_endpoint_marks(raw))
