@@ -239,6 +239,9 @@ def count_prompt(
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise _invalid(f"messages[{i}] must be an object with a string 'role'", "messages")
+            if not isinstance(message.get("content"), str | list | None):
+                what = "a string, an array of content parts or null"
+                raise _invalid(f"messages[{i}].content must be {what}", "messages")
         tokens = counter.count_chat(messages, limit=limit)
         tools = body.get("tools")
         if isinstance(tools, list) and tools and (limit is None or tokens <= limit):
