@@ -172,7 +172,8 @@ def test_completions_prompts_of_every_shape_are_counted() -> None:
     assert count_prompt({"prompt": ["a", "abcdef"]}, COMPLETIONS, counter) == 7
     assert count_prompt({"prompt": [1, 2, 3]}, COMPLETIONS, counter) == 3
     assert count_prompt({"prompt": [[1], [1, 2]]}, COMPLETIONS, counter) == 2
-    for bad in (None, 5, [], [1, "a"]):
+    # Booleans are ints to Python, not token ids (found by benchmarks/bench_fuzz.py).
+    for bad in (None, 5, [], [1, "a"], [True, 1], [[True], [False]], [[1], [2, False]]):
         with pytest.raises(APIError):
             count_prompt({"prompt": bad}, COMPLETIONS, counter)
 
