@@ -289,7 +289,9 @@ async def metrics_endpoint(request: Request) -> Response:
 
 async def openapi_endpoint(request: Request) -> Response:
     """``GET /openapi.json``: the routed endpoints' OpenAPI document."""
-    return JSONResponse(openapi_document())
+    runtime = getattr(request.app.state, "runtime", None)
+    max_prompts = runtime.policies.active.policy.limits.max_prompts if runtime else None
+    return JSONResponse(openapi_document(request.app.state.config.model_name, max_prompts))
 
 
 def serve(

@@ -1,8 +1,11 @@
 """The gateway's OpenAPI 3.0 document (``GET /openapi.json``): the routed endpoints, the subset
 of OpenAI's request fields the gateway itself reads, and OpenAI's error shape.
 
-Request bodies allow other fields (``additionalProperties``): they travel to vLLM, which
-checks them. Schemathesis fuzzes the gateway from this document (tests/unit/gateway).
+The document is the gateway's contract: a body it calls invalid is refused by the gateway itself
+(a 4xx, never forwarded), and a valid one is answered or refused only over a limit (the prompt's
+length, the body's size). Request bodies allow other fields (``additionalProperties``): they
+travel to vLLM, which checks them. Schemathesis fuzzes the gateway as shipped from this document
+(tests/shipped_fuzz.py).
 """
 
 from __future__ import annotations
@@ -25,33 +28,54 @@ ERROR = {
         }
     },
 }
+# A message: its role is the tier's chat template's business (vLLM takes any string); content is
+# a string, OpenAI's content parts, or absent / null (an assistant turn with tool calls).
 MESSAGE = {
     "type": "object",
-    "required": ["role", "content"],
+    "required": ["role"],
     "properties": {
-        "role": {"type": "string", "enum": ["system", "user", "assistant"]},
-        "content": {"type": "string"},
+        "role": {"type": "string"},
+        "content": {"anyOf": [{"type": "string"}, {"type": "array"}], "nullable": True},
     },
 }
+# null is the same as absent for each of these. max_tokens has no maximum: past what fits, the
+# policy's on_max_tokens_too_large clamps it (or refuses it: 400 context_length_exceeded).
 COMMON = {
-    "model": {"type": "string"},
-    "max_tokens": {"type": "integer", "minimum": 1, "maximum": 4096},
-    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-    "stream": {"type": "boolean"},
+    "model": {"type": "string", "nullable": True},
+    "max_tokens": {"type": "integer", "minimum": 1, "nullable": True},
+    "temperature": {"type": "number", "minimum": 0, "nullable": True},
+    "stream": {"type": "boolean", "nullable": True},
 }
-CHAT = {
-    "type": "object",
-    "required": ["messages"],
-    "properties": {"messages": {"type": "array", "minItems": 1, "items": MESSAGE}, **COMMON},
-}
-COMPLETION = {
-    "type": "object",
-    "required": ["prompt"],
-    "properties": {
-        "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-        **COMMON,
-    },
-}
+
+
+def _bodies(model_name: str | None, max_prompts: int | None) -> tuple[dict[str, Any], ...]:
+    """The chat and completions request schemas."""
+    common = dict(COMMON)
+    if model_name is not None:
+        common["model"] = {"type": "string", "enum": [model_name], "nullable": True}
+    chat = {
+        "type": "object",
+        "required": ["messages"],
+        "properties": {"messages": {"type": "array", "minItems": 1, "items": MESSAGE}, **common},
+    }
+    many: dict[str, Any] = {"type": "array", "minItems": 1}
+    if max_prompts is not None:
+        many["maxItems"] = max_prompts
+    token_ids = {"type": "array", "minItems": 1, "items": {"type": "integer"}}
+    prompt = {
+        "oneOf": [
+            {"type": "string"},
+            {**many, "items": {"type": "string"}},
+            token_ids,  # one prompt as token ids
+            {**many, "items": {"type": "array", "items": {"type": "integer"}}},
+        ]
+    }
+    completion = {
+        "type": "object",
+        "required": ["prompt"],
+        "properties": {"prompt": prompt, **common},
+    }
+    return chat, completion
 
 
 def _errors(*statuses: int) -> dict[str, Any]:
@@ -77,15 +101,19 @@ def _completion(body: dict[str, Any], summary: str) -> dict[str, Any]:
     }
 
 
-def openapi_document() -> dict[str, Any]:
-    """The document (built on each call; it is small)."""
+def openapi_document(
+    model_name: str | None = None, max_prompts: int | None = None
+) -> dict[str, Any]:
+    """The document (built on each call; it is small). With ``model_name``, ``model`` must be
+    it (absent means it too); ``max_prompts``: the policy's bound on a list ``prompt``."""
     plain = {"200": {"description": "ok"}, **_errors(503)}
+    chat, completion = _bodies(model_name, max_prompts)
     return {
         "openapi": "3.0.3",
         "info": {"title": "Model-Optimizer gateway", "version": "1"},
         "paths": {
-            "/v1/chat/completions": _completion(CHAT, "Chat completion, routed by class"),
-            "/v1/completions": _completion(COMPLETION, "Text completion, routed by class"),
+            "/v1/chat/completions": _completion(chat, "Chat completion, routed by class"),
+            "/v1/completions": _completion(completion, "Text completion, routed by class"),
             "/v1/models": {"get": {"summary": "The served model", "responses": plain}},
             "/healthz": {"get": {"summary": "Liveness", "responses": plain}},
             "/readyz": {"get": {"summary": "Readiness: some tier answers", "responses": plain}},

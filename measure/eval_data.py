@@ -2,6 +2,12 @@
 
 Items come in file order (the first ``limit`` of each), so a run is reproducible without a
 seed. See measure/data/LICENSES.md for sources and licenses.
+
+No evaluated text may be a calibration text (optimizer/data/calibration.jsonl): 62 of the 70
+general Vicuna questions are calibration prompts, so ``load_general`` drops every question found
+in the calibration file (computed here, at load time) and fills the category with the
+request classifier's held-out self-instruct prompts (classifier/data/heldout.jsonl, label
+tolerant), which no part of the optimizer reads.
 """
 
 from __future__ import annotations
@@ -17,6 +23,10 @@ from measure.quality import gsm8k_reference, strip_calculator
 DATA = Path(__file__).resolve().parent / "data"
 GSM8K = DATA / "gsm8k_eval.jsonl"
 VICUNA = DATA / "vicuna_bench_questions.jsonl"
+CALIBRATION = DATA.parent.parent / "optimizer" / "data" / "calibration.jsonl"
+# General-chat prompts of the classifier's held-out set (never read by the optimizer).
+HELDOUT = DATA.parent.parent / "classifier" / "data" / "heldout.jsonl"
+HELDOUT_GENERAL_SOURCES = ("self-instruct-seed:", "self-instruct-user:")
 LABELS = ("tolerant", "code", "math", "long")
 NOT_GENERAL = ("coding", "math")  # Vicuna categories that are not general chat
 
@@ -79,7 +89,25 @@ def load_gsm8k(limit: int, path: Path = GSM8K) -> list[MathItem]:
     return items
 
 
-def load_general(limit: int, path: Path = VICUNA) -> list[GeneralItem]:
+def calibration_texts(path: Path = CALIBRATION) -> list[str]:
+    """The optimizer's calibration texts (chat ones carry their chat template)."""
+    texts = []
+    for number, row in _jsonl(path):
+        text = row.get("text")
+        if not isinstance(text, str):
+            raise EvalDataError(f"{path}:{number}: 'text' is not a string")
+        texts.append(text)
+    return texts
+
+
+def in_calibration(question: str, texts: list[str]) -> bool:
+    """Whether ``question`` (stripped) occurs inside any calibration text."""
+    needle = question.strip()
+    return any(needle in text for text in texts)
+
+
+def vicuna_general(path: Path = VICUNA) -> list[GeneralItem]:
+    """Every Vicuna question outside coding and math (first turn), in file order."""
     items = []
     for number, row in _jsonl(path):
         if row.get("category") in NOT_GENERAL:
@@ -88,7 +116,32 @@ def load_general(limit: int, path: Path = VICUNA) -> list[GeneralItem]:
         if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
             raise EvalDataError(f"{path}:{number}: 'turns' is not a list of strings")
         items.append(GeneralItem(f"vicuna:{row.get('question_id', number)}", turns[0]))
-    return items[:limit]
+    return items
+
+
+def heldout_general(path: Path = HELDOUT) -> list[GeneralItem]:
+    """The classifier's held-out self-instruct prompts labeled tolerant, in file order."""
+    items = []
+    for _, row in _jsonl(path):
+        prompt, source = row.get("prompt"), row.get("source")
+        if row.get("label") != "tolerant" or not isinstance(source, str):
+            continue
+        if source.startswith(HELDOUT_GENERAL_SOURCES) and isinstance(prompt, str):
+            items.append(GeneralItem(source, prompt))
+    return items
+
+
+def load_general(
+    limit: int,
+    path: Path = VICUNA,
+    calibration: Path = CALIBRATION,
+    heldout: Path = HELDOUT,
+) -> list[GeneralItem]:
+    """The Vicuna general questions that are not calibration texts, then the held-out
+    self-instruct prompts that are not either; the first ``limit``."""
+    texts = calibration_texts(calibration)
+    items = [*vicuna_general(path), *heldout_general(heldout)]
+    return [item for item in items if not in_calibration(item.question, texts)][:limit]
 
 
 def load_labeled(path: Path) -> list[LabeledPrompt]:

@@ -2,7 +2,7 @@
 
 1. prepare (once): the texts' token ids (the reference tier's ``/tokenize``; every tier
    serves the same tokenizer); the general category's continuations are the reference tier's
-   greedy answers to the Vicuna questions, generated now;
+   greedy answers to its general-chat prompts (none a calibration text), generated now;
 2. per run, per tier: score every text with ``prompt_logprobs`` (perplexity of the
    continuation, top-1 tokens), answer the GSM8K questions (exact match) and complete the
    HumanEval prompts (pass@1 in measure/sandbox.py);

@@ -8,6 +8,8 @@ for a wrong type and ``invalid_value`` for a value past a limit:
 
 - ``stream``: a boolean (or absent or null), so that the gateway (which streams only for
   ``true``) and vLLM (which would stream for ``1``) never disagree;
+- ``temperature``: a number, at least 0 (or absent or null), as the gateway reads it to tell a
+  greedy request for shadow sampling (vLLM refuses a negative one too);
 - ``n``: 1 to ``max_n`` completions per prompt; ``best_of`` (completions): ``n`` to
   ``max_best_of`` candidates per prompt;
 - a list ``prompt`` (completions): at most ``max_prompts`` prompts, each generated for (its
@@ -38,6 +40,12 @@ def request_cost(body: Mapping[str, Any], path: str, limits: LimitsPolicy) -> in
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _invalid_type("stream", "a boolean")
+    temperature = body.get("temperature")
+    if temperature is not None:
+        if not isinstance(temperature, int | float) or isinstance(temperature, bool):
+            raise _invalid_type("temperature", "a number")
+        if not temperature >= 0:
+            raise _invalid_value("temperature", f"'temperature' is {temperature}; it must be >= 0")
     n = _count(body, "n", 1, limits.max_n, default=1)
     sequences = n
     if path != CHAT:

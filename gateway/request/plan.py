@@ -239,6 +239,9 @@ def count_prompt(
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise _invalid(f"messages[{i}] must be an object with a string 'role'", "messages")
+            if not isinstance(message.get("content"), str | list | None):
+                what = "a string, an array of content parts or null"
+                raise _invalid(f"messages[{i}].content must be {what}", "messages")
         tokens = counter.count_chat(messages, limit=limit)
         tools = body.get("tools")
         if isinstance(tools, list) and tools and (limit is None or tokens <= limit):
@@ -252,13 +255,18 @@ def count_prompt(
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
             return max(counter.count_text(p, limit=limit) for p in prompt)
-        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+        if all(_token_ids(p) for p in prompt):
             return len(prompt)
-        if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
+        if all(isinstance(p, list) and all(_token_ids(t) for t in p) for p in prompt):
             return max(len(p) for p in prompt)
     raise _invalid(
         "'prompt' must be a string, an array of strings or an array of token ids", "prompt"
     )
+
+
+def _token_ids(value: object) -> bool:
+    """A token id: an int, not a bool (Python's bools are ints)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def requested_max_tokens(body: Mapping[str, Any], path: str) -> tuple[str, int | None]:

@@ -1,161 +1,20 @@
-"""Fixtures for gateway tests: a vLLM look-alike stub tier and real uvicorn servers on 127.0.0.1."""
+"""Fixtures for gateway tests: a vLLM look-alike stub tier (tests/stub_tier.py) and real
+uvicorn servers on 127.0.0.1."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import socket
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import anyio
 import httpx
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint
 from gateway.server import server_options
 from tests.servers import ServerThread
-
-MODEL = "stub-model"
-WAIT = 10.0  # upper bound for any event a test waits on
-
-
-class StubDied(Exception):
-    """Raised inside the stub's stream to drop the connection mid-answer."""
-
-
-class StubTier:
-    """Mimics vLLM's OpenAI server and records what it saw.
-
-    ``mode`` picks the behaviour of the completion endpoints:
-    ``normal``; ``slow`` (a long stream, one chunk every 50 ms); ``die`` (two chunks, then the
-    connection drops); ``unavailable`` (503); ``hang`` (no answer until the client leaves);
-    ``bad_request`` (400 in vLLM's flat error shape). ``whole_delay``: seconds a whole
-    (non-streamed) answer takes, as vLLM sends nothing until it is complete.
-    """
-
-    def __init__(self, model: str = MODEL) -> None:
-        self.model = model
-        self.mode = "normal"
-        self.health_status = 200
-        self.chunks = 3
-        self.whole_delay = 0.0
-        self.metrics_text: str | None = None  # served at /metrics when set (else 404)
-        self.answer_text = "The capital of France is Paris."  # chat answers
-        self.completion_text = " Paris."  # completions answers
-        self.requests: list[dict[str, Any]] = []
-        self.stream_started = threading.Event()
-        self.stream_finished = threading.Event()
-        self.stream_cancelled = threading.Event()
-        self.request_aborted = threading.Event()
-        self.url = ""
-        self.app = Starlette(
-            routes=[
-                Route("/v1/chat/completions", self._chat, methods=["POST"]),
-                Route("/v1/completions", self._completions, methods=["POST"]),
-                Route("/v1/models", self._models, methods=["GET"]),
-                Route("/health", self._health, methods=["GET"]),
-                Route("/metrics", self._metrics, methods=["GET"]),
-            ]
-        )
-
-    @property
-    def last_request(self) -> dict[str, Any]:
-        assert self.requests, "the stub received no request"
-        return self.requests[-1]
-
-    async def _chat(self, request: Request) -> Response:
-        return await self._answer(request, chat=True)
-
-    async def _completions(self, request: Request) -> Response:
-        return await self._answer(request, chat=False)
-
-    async def _answer(self, request: Request, chat: bool) -> Response:
-        body = await request.json()
-        self.requests.append(
-            {"path": request.url.path, "headers": dict(request.headers), "body": body}
-        )
-        if self.mode == "unavailable":
-            return JSONResponse({"error": {"message": "busy"}}, status_code=503)
-        if self.mode == "bad_request":
-            flat = {"object": "error", "message": "bad max_tokens", "type": "BadRequestError"}
-            return JSONResponse({**flat, "param": "max_tokens", "code": 400}, status_code=400)
-        if self.mode == "hang":
-            with anyio.move_on_after(WAIT):
-                while (await request.receive())["type"] != "http.disconnect":
-                    pass
-                self.request_aborted.set()
-            return JSONResponse({"error": {"message": "too late"}}, status_code=500)
-        if body.get("stream"):
-            return StreamingResponse(self._stream(chat), media_type="text/event-stream")
-        await asyncio.sleep(self.whole_delay)
-        return JSONResponse(self._whole(chat))
-
-    def _whole(self, chat: bool) -> dict[str, Any]:
-        usage = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
-        if chat:
-            message = {"role": "assistant", "content": self.answer_text}
-            choice = {"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}
-            kind = "chat.completion"
-        else:
-            text = self.completion_text
-            choice = {"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}
-            kind = "text_completion"
-        return {
-            "id": "cmpl-stub",
-            "object": kind,
-            "created": 1,
-            "model": self.model,
-            "choices": [choice],
-            "usage": usage,
-        }
-
-    def _chunk(self, chat: bool, index: int, last: bool) -> bytes:
-        finish = "stop" if last else None
-        if chat:
-            delta = {} if last else {"content": f"w{index} "}
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
-            kind = "chat.completion.chunk"
-        else:
-            choice = {"index": 0, "text": "" if last else f"w{index} ", "finish_reason": finish}
-            kind = "text_completion"
-        chunk = {"id": "cmpl-stub", "object": kind, "created": 1, "model": self.model}
-        return f"data: {json.dumps({**chunk, 'choices': [choice]})}\n\n".encode()
-
-    async def _stream(self, chat: bool) -> AsyncIterator[bytes]:
-        self.stream_started.set()
-        count = 400 if self.mode == "slow" else self.chunks
-        try:
-            for index in range(count):
-                if self.mode == "slow":
-                    await asyncio.sleep(0.05)
-                if self.mode == "die" and index == 2:
-                    raise StubDied("stub tier dropped the connection")
-                yield self._chunk(chat, index, last=False)
-            yield self._chunk(chat, count, last=True)
-            yield b"data: [DONE]\n\n"
-            self.stream_finished.set()
-        except (GeneratorExit, asyncio.CancelledError):
-            self.stream_cancelled.set()
-            raise
-
-    async def _models(self, request: Request) -> Response:
-        entry = {"id": self.model, "object": "model", "created": 1, "owned_by": "vllm"}
-        return JSONResponse({"object": "list", "data": [entry]})
-
-    async def _health(self, request: Request) -> Response:
-        return Response(status_code=self.health_status)
-
-    async def _metrics(self, request: Request) -> Response:
-        if self.metrics_text is None:
-            return Response(status_code=404)
-        return Response(self.metrics_text, media_type="text/plain")
+from tests.stub_tier import MODEL, WAIT, StubTier
 
 
 @pytest.fixture

@@ -1,23 +1,34 @@
-"""Bad input: schemathesis fuzzes the gateway from its own OpenAPI document, plus hand-made
-cases. Every answer must be 2xx or a 4xx in OpenAI's error shape: never a 5xx, never a dead
-process. The counts of inputs tried are printed (``pytest -s``) and asserted."""
+"""Bad input: schemathesis fuzzes the gateway as shipped (tests/shipped_fuzz.py: up's
+configuration, the shipped policy and body limit, the default model's real tokenizer; stub
+tiers) from its own OpenAPI document, valid and invalid cases counted apart; plus hand-made
+cases. Valid: a 2xx or a 4xx over a limit; invalid: a 4xx; never a 5xx, never a dead process.
+The counts are printed (``pytest -s``) and asserted. 10,000 and more: benchmarks/bench_fuzz.py.
+"""
 
 from __future__ import annotations
 
+import json
+import socket
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import schemathesis
-from hypothesis import HealthCheck, given, settings
-from schemathesis import GenerationMode
 
 from gateway.config import hash_key
 from gateway.openapi import openapi_document
+from gateway.policy.schema import LimitsPolicy
+from tests.shipped_fuzz import (
+    default_tokenizer_dir,
+    fuzz,
+    judge,
+    shipped_gateway,
+)
+from tests.stub_tier import StubTier
 
 KEY = "sk-fuzz"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-EXAMPLES = 150  # per operation and generation mode
+EXAMPLES = 60  # per operation and mode: ~240 cases, ~15 s here (the benchmark runs 10,000+)
 
 
 def _check(response: Any, tried: list[int]) -> None:
@@ -30,44 +41,85 @@ def _check(response: Any, tried: list[int]) -> None:
         assert "\n" not in body["error"]["message"]
 
 
+def _error(code: str) -> dict[str, Any]:
+    return {"message": "m", "type": "invalid_request_error", "param": None, "code": code}
+
+
+@pytest.fixture(scope="module")
+def shipped() -> Iterator[tuple[str, list[StubTier]]]:
+    with shipped_gateway(default_tokenizer_dir()) as running:
+        yield running
+
+
 def test_the_openapi_document_is_served(
     stub: Any, start_gateway: Any, client: httpx.Client
 ) -> None:
     gateway = start_gateway(stub.url)
     served = client.get(f"{gateway}/openapi.json").json()
-    assert served == openapi_document()
+    assert served == openapi_document("stub-model", LimitsPolicy().max_prompts)
     assert set(served["paths"]) >= {"/v1/chat/completions", "/v1/completions", "/v1/models"}
+    chat = served["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]
+    assert chat["application/json"]["schema"]["properties"]["model"]["enum"] == ["stub-model"]
 
 
-def test_schemathesis_finds_no_5xx(stub: Any, start_gateway: Any) -> None:
-    gateway = start_gateway(stub.url, api_key_hashes=[hash_key(KEY)], max_body_bytes=20_000)
-    schema = schemathesis.openapi.from_dict(openapi_document())
-    tried: list[int] = []
-    for path, method in [
-        ("/v1/chat/completions", "POST"),
-        ("/v1/completions", "POST"),
-        ("/v1/models", "GET"),
-    ]:
-        operation = schema[path][method]
-        modes = [GenerationMode.POSITIVE]
-        if method == "POST":
-            modes.append(GenerationMode.NEGATIVE)
-        for mode in modes:
+def test_the_shipped_gateway_uses_the_shipped_configuration(
+    shipped: tuple[str, list[StubTier]],
+) -> None:
+    url, stubs = shipped
+    with httpx.Client(trust_env=False, timeout=30) as client:
+        # The real tokenizer with the shipped limits: a prompt over max_input_tokens (1536).
+        long = {"prompt": "hello " * 1600}
+        refused = client.post(f"{url}/v1/completions", json=long)
+        answered = client.post(f"{url}/v1/completions", json={"prompt": "hello " * 300})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["code"] == "context_length_exceeded"
+    assert "1536" in refused.json()["error"]["message"]
+    # The shipped 1 MB body limit: a request announcing 1,000,001 bytes is refused before its
+    # body is read (sending the body would race the gateway closing the connection).
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+        sock.sendall(f"{head}content-length: 1000001\r\n\r\n".encode())
+        assert sock.recv(4096).startswith(b"HTTP/1.1 413 ")
+    assert answered.status_code == 200 and answered.headers["x-route-class"] == "tolerant"
+    assert sum(len(s.requests) for s in stubs) >= 1
 
-            @settings(
-                max_examples=EXAMPLES,
-                deadline=None,
-                database=None,
-                suppress_health_check=list(HealthCheck),
-            )
-            @given(operation.as_strategy(generation_mode=mode))
-            def run(case: Any) -> None:
-                _check(case.call(base_url=gateway, headers=AUTH, timeout=30), tried)
 
-            run()
-    print(f"schemathesis: {len(tried)} inputs, statuses {sorted(set(tried))}")
-    assert len(tried) >= 300
-    assert any(status == 200 for status in tried) and any(400 <= s < 500 for s in tried)
+def test_schemathesis_on_the_shipped_gateway(shipped: tuple[str, list[StubTier]]) -> None:
+    url, stubs = shipped
+    tally = fuzz(url, stubs, EXAMPLES)
+    summary = tally.summary()
+    print(f"schemathesis, gateway as shipped: {json.dumps(summary)}")
+    assert tally.findings == [], tally.findings[:10]
+    assert tally.server_errors() == 0
+    positive, negative = summary["positive"], summary["negative"]
+    assert positive["cases"] >= 100 and negative["cases"] >= 100
+    assert all(400 <= status < 500 for status in negative["statuses"])
+    assert negative["reached_a_tier"] == 0  # refused by the gateway itself, never forwarded
+    assert positive["statuses"].get(200, 0) >= positive["cases"] // 2
+    assert positive["reached_a_tier"] >= positive["cases"] // 2
+    with httpx.Client(trust_env=False, timeout=30) as client:
+        assert client.get(f"{url}/healthz").status_code == 200  # the process lives on
+
+
+@pytest.mark.parametrize(
+    ("mode", "status", "body", "finding"),
+    [
+        ("positive", 200, {"id": "x"}, None),
+        ("negative", 200, {"id": "x"}, "a 2xx to an invalid request"),
+        ("positive", 502, None, "502 (a 5xx)"),
+        ("negative", 500, {"error": {}}, "500 (a 5xx)"),
+        ("negative", 400, {"detail": "no"}, "400 not in OpenAI's error shape"),
+        ("positive", 400, {"error": _error("context_length_exceeded")}, None),
+        ("positive", 413, {"error": _error("request_too_large")}, None),
+        ("positive", 400, {"error": _error("invalid_value")}, "400 invalid_value to a valid"),
+        ("negative", 404, {"error": _error("model_not_found")}, None),
+        ("negative", 400, {"error": {**_error("x"), "message": "a\nb"}}, "multi-line"),
+    ],
+)
+def test_what_counts_as_a_finding(mode: str, status: int, body: Any, finding: str | None) -> None:
+    found = judge(mode, status, body)
+    assert (found is None) if finding is None else (found is not None and finding in found)
 
 
 HAND_MADE: list[tuple[str, dict[str, Any], int]] = [

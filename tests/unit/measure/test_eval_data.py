@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,13 @@ from measure.eval_data import (
     DATA,
     LABELS,
     EvalDataError,
+    calibration_texts,
+    in_calibration,
     load_general,
     load_gsm8k,
     load_humaneval,
     load_labeled,
+    vicuna_general,
 )
 
 
@@ -28,9 +32,53 @@ def test_the_shipped_gsm8k_subset_is_held_aside_from_calibration() -> None:
 
 
 def test_general_questions_skip_coding_and_math() -> None:
-    items = load_general(100)
-    assert len(items) == 70  # 80 Vicuna questions less 7 coding and 3 math
+    assert len(vicuna_general()) == 70  # 80 Vicuna questions less 7 coding and 3 math
+
+
+def test_no_general_item_is_a_calibration_text() -> None:
+    texts = calibration_texts()
+    items = load_general(10_000)
+    overlap = [item.item_id for item in items if in_calibration(item.question, texts)]
+    assert overlap == []
+    assert len({item.question for item in items}) == len(items)
     assert len(load_general(3)) == 3
+
+
+def test_the_shipped_split_of_the_vicuna_questions() -> None:
+    """62 of the 70 general Vicuna questions are calibration prompts; the 8 others (the
+    precision check's chat probes) are the only Vicuna ones evaluated. docs/evaluation.md
+    names them: change both together."""
+    texts = calibration_texts()
+    general = vicuna_general()
+    assert sum(in_calibration(item.question, texts) for item in general) == 62
+    items = load_general(10_000)
+    vicuna = [item.item_id for item in items if item.item_id.startswith("vicuna:")]
+    assert vicuna == [f"vicuna:{n}" for n in (10, 20, 30, 40, 50, 60, 79, 80)]
+    rest = items[len(vicuna) :]
+    assert len(rest) == 364 and all(i.item_id.startswith("self-instruct-") for i in rest)
+
+
+def test_a_question_found_in_the_calibration_file_is_dropped(tmp_path: Path) -> None:
+    questions = tmp_path / "questions.jsonl"
+    rows = [(1, "generic", "Plan my week."), (2, "writing", "Write a haiku."), (3, "math", "1+1?")]
+    questions.write_text(
+        "".join(
+            json.dumps({"question_id": n, "category": c, "turns": [t]}) + "\n" for n, c, t in rows
+        )
+    )
+    calibration = tmp_path / "calibration.jsonl"
+    chat = "<|im_start|>user\nWrite a haiku.<|im_end|>\n<|im_start|>assistant\n"
+    calibration.write_text(json.dumps({"category": "chat", "text": chat}) + "\n")
+    heldout = tmp_path / "heldout.jsonl"
+    held = [("Name a colour.", "tolerant", 7), ("Sort it.", "code", 8)]
+    heldout.write_text(
+        "".join(
+            json.dumps({"prompt": p, "label": lab, "source": f"self-instruct-seed:{n}"}) + "\n"
+            for p, lab, n in held
+        )
+    )
+    items = load_general(10, questions, calibration, heldout)
+    assert [i.item_id for i in items] == ["vicuna:1", "self-instruct-seed:7"]
 
 
 def test_humaneval_comes_from_the_package() -> None:

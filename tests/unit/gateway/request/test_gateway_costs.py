@@ -34,6 +34,8 @@ def test_sane_defaults() -> None:
 def test_a_plain_request_costs_one() -> None:
     assert request_cost({"messages": MESSAGES}, CHAT, LIMITS) == 1
     assert request_cost({"prompt": "x", "stream": False, "n": None}, COMPLETIONS, LIMITS) == 1
+    for temperature in (None, 0, 0.7, 3):  # vLLM sets no maximum
+        assert request_cost({"prompt": "x", "temperature": temperature}, COMPLETIONS, LIMITS) == 1
 
 
 def test_the_cost_is_the_sequences_generated() -> None:
@@ -49,6 +51,10 @@ def test_the_cost_is_the_sequences_generated() -> None:
     [
         ({"stream": 1}, CHAT, "stream", "invalid_type"),
         ({"stream": "true"}, COMPLETIONS, "stream", "invalid_type"),
+        ({"temperature": "0"}, CHAT, "temperature", "invalid_type"),
+        ({"temperature": True}, COMPLETIONS, "temperature", "invalid_type"),
+        ({"temperature": -0.5}, CHAT, "temperature", "invalid_value"),
+        ({"temperature": float("nan")}, CHAT, "temperature", "invalid_value"),
         ({"n": 5}, CHAT, "n", "invalid_value"),
         ({"n": 0}, CHAT, "n", "invalid_value"),
         ({"n": True}, CHAT, "n", "invalid_type"),

@@ -142,6 +142,8 @@ def test_pin_is_ignored_unless_allowed_and_unknown_pin_is_400() -> None:
         ({"messages": []}, "messages"),
         ({"messages": "hi"}, "messages"),
         ({"messages": [{"content": "no role"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages"),
+        ({"messages": [{"role": "user", "content": {"text": "x"}}]}, "messages"),
         ({}, "messages"),
     ],
 )
@@ -149,6 +151,12 @@ def test_malformed_messages_are_400(body: dict[str, Any], param: str) -> None:
     with pytest.raises(APIError) as caught:
         _plan(body)
     assert (caught.value.status, caught.value.param) == (400, param)
+
+
+@pytest.mark.parametrize("content", [None, "", "Hi", [{"type": "text", "text": "Hi"}]])
+def test_message_content_may_be_a_string_parts_or_null(content: Any) -> None:
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": content}]
+    assert isinstance(_plan({"messages": messages}), Plan)
 
 
 @pytest.mark.parametrize("value", ["10", 1.5, True, [1]])
@@ -164,7 +172,8 @@ def test_completions_prompts_of_every_shape_are_counted() -> None:
     assert count_prompt({"prompt": ["a", "abcdef"]}, COMPLETIONS, counter) == 7
     assert count_prompt({"prompt": [1, 2, 3]}, COMPLETIONS, counter) == 3
     assert count_prompt({"prompt": [[1], [1, 2]]}, COMPLETIONS, counter) == 2
-    for bad in (None, 5, [], [1, "a"]):
+    # Booleans are ints to Python, not token ids (found by benchmarks/bench_fuzz.py).
+    for bad in (None, 5, [], [1, "a"], [True, 1], [[True], [False]], [[1], [2, False]]):
         with pytest.raises(APIError):
             count_prompt({"prompt": bad}, COMPLETIONS, counter)
 
