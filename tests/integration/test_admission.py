@@ -51,6 +51,7 @@ def _broken_variants(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_a_broken_tier_is_kept_out_of_every_class_it_fails(
     stack: Stack, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -66,6 +66,7 @@ def test_all_three_tiers_serve_their_variant(stack: Stack) -> None:
         assert models[0]["root"].rstrip("/").endswith(f"/{name}")
 
 
+@pytest.mark.slow
 def test_killed_tier_is_restarted_by_the_supervisor(stack: Stack) -> None:
     victim = stack.tier_process("int8")
     victim.kill()
@@ -120,6 +121,7 @@ def test_the_dev_routes_need_the_tier_key(stack: Stack) -> None:
     assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 200
 
 
+@pytest.mark.slow
 def test_check_serving_judges_the_running_tiers_as_up_did(stack: Stack) -> None:
     """``model-optimizer check --serving`` on the session stack's tiers: one verdict line per
     tier, the same admitted/kept-out as up's own check, exit 0 only when all passed."""

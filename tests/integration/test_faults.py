@@ -38,6 +38,7 @@ def _ask(url: str, max_tokens: int = 2) -> int:
         return -1
 
 
+@pytest.mark.slow
 def test_a_tier_killed_mid_stream_ends_the_stream_cleanly_and_comes_back(stack: Stack) -> None:
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 400, "ignore_eos": True}
     events: list[str] = []

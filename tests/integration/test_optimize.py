@@ -95,6 +95,7 @@ def _corrupt_scale(src: Path, dest: Path, tensor: str, factor: float) -> None:
     )
 
 
+@pytest.mark.slow
 def test_broken_variant_fails_the_check_and_names_the_layer(variants: Path, tmp_path: Path) -> None:
     broken = tmp_path / "int4-broken"
     layer = "model.layers.5.mlp.down_proj"
@@ -107,6 +108,7 @@ def test_broken_variant_fails_the_check_and_names_the_layer(variants: Path, tmp_
     assert f"- layers: [{layer}" in result.stderr or layer in result.stderr.split("layers:")[-1]
 
 
+@pytest.mark.slow
 def test_the_intact_variant_passes_the_same_check(variants: Path) -> None:
     result = cli("check", "--model", "default", "--variant", str(variants / "int8"), timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]

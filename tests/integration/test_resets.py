@@ -36,6 +36,7 @@ def _admin(key: str = ADMIN_KEY) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+@pytest.mark.slow
 def test_each_tier_resets_under_load_without_a_failed_request(stack: Stack) -> None:
     results: list[int] = []
     refusals: list[str] = []  # the body of each answer that is not a 200: it says why

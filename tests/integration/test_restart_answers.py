@@ -60,6 +60,7 @@ def _restarted(stack: Stack, tier: str, victim: int) -> psutil.Process:
     pytest.fail(f"tier {tier} was not restarted:\n{stack.log_text()[-3000:]}")
 
 
+@pytest.mark.slow
 def test_the_restarted_tier_is_the_one_answering(stack: Stack) -> None:
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 400, "ignore_eos": True}
     with (

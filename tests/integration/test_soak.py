@@ -11,6 +11,7 @@ pytestmark = pytest.mark.integration
 SECONDS = 60.0  # the long version: model-optimizer soak --minutes 30
 
 
+@pytest.mark.slow
 def test_a_minute_of_load_with_a_reset_loses_nothing(stack: Stack) -> None:
     result = soak(
         stack.gateway_url,

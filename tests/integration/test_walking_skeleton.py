@@ -102,6 +102,7 @@ def test_tiers_listen_on_loopback_only(stack: Stack) -> None:
                 sock.connect((address, port))
 
 
+@pytest.mark.slow
 def test_sigterm_shutdown_leaves_no_vllm_process(tmp_path: Path) -> None:
     own = start_stack(tmp_path / "up.log", tiers=("int4",))
     assert len(own.descendants) >= 2, "expected the vLLM server and its engine process"
