@@ -4,8 +4,10 @@ The README's curl example asks a running gateway "What is the capital of France?
 sampling fields, so the tier samples at the model's own defaults (the embedded model's
 generation_config.json: temperature 0.2, top_p 0.9). This script sends exactly that body
 ``--tries`` times through the official ``openai`` client (no seed: each answer is a fresh
-sample) and prints how many answers name Paris, with a Wilson 95 % interval, the tier that
-answered each (``x-route-tier``) and the answers that missed.
+sample; ``--concurrency`` at once) and prints how many answers name Paris, with a Wilson 95 %
+interval, the tier that answered each (``x-route-tier``), how long the answers ran (completion
+tokens, finish reasons: with no ``max_tokens`` an answer may run to the context's end) and the
+answers that missed.
 
     ./mo up                                   # in another terminal
     $(python3 -m model_optimizer.envs path gateway)/bin/python benchmarks/bench_first_answer.py \
@@ -18,6 +20,7 @@ model card's, not chosen from these answers).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import sys
@@ -34,12 +37,16 @@ class Tally:
     tries: int = 0
     hits: int = 0
     tiers: Counter[str] = field(default_factory=Counter)
+    finish: Counter[str] = field(default_factory=Counter)
+    completion_tokens: list[int] = field(default_factory=list)
     misses: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # requests that got no answer (not tries)
 
-    def add(self, text: str, tier: str) -> None:
+    def add(self, text: str, tier: str, finish: str = "?", tokens: int = 0) -> None:
         self.tries += 1
         self.tiers[tier] += 1
+        self.finish[finish] += 1
+        self.completion_tokens.append(tokens)
         if "paris" in text.lower():
             self.hits += 1
         else:
@@ -57,21 +64,32 @@ def wilson(hits: int, tries: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def run(gateway: str, model: str, tries: int, api_key: str) -> Tally:
-    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=api_key, timeout=120, max_retries=0)
+async def run(gateway: str, model: str, tries: int, api_key: str, concurrency: int) -> Tally:
+    client = openai.AsyncOpenAI(
+        base_url=f"{gateway}/v1", api_key=api_key, timeout=600, max_retries=0
+    )
     tally = Tally()
-    for i in range(tries):
-        try:
-            raw = client.chat.completions.with_raw_response.create(
-                model=model, messages=[{"role": "user", "content": QUESTION}]
-            )
-        except openai.APIError as exc:
-            tally.errors.append(f"{type(exc).__name__}: {exc}")
-            continue
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one() -> None:
+        async with gate:
+            try:
+                raw = await client.chat.completions.with_raw_response.create(
+                    model=model, messages=[{"role": "user", "content": QUESTION}]
+                )
+            except openai.APIError as exc:
+                tally.errors.append(f"{type(exc).__name__}: {exc}")
+                return
         answer = raw.parse()
-        text = answer.choices[0].message.content or ""
-        tally.add(text, raw.headers.get("x-route-tier", "?"))
-        print(f"\r{i + 1}/{tries} named Paris {tally.hits}", end="", file=sys.stderr, flush=True)
+        choice = answer.choices[0]
+        tokens = answer.usage.completion_tokens if answer.usage else 0
+        tier = raw.headers.get("x-route-tier", "?")
+        tally.add(choice.message.content or "", tier, choice.finish_reason or "?", tokens)
+        done = tally.tries + len(tally.errors)
+        print(f"\r{done}/{tries} named Paris {tally.hits}", end="", file=sys.stderr, flush=True)
+
+    await asyncio.gather(*(one() for _ in range(tries)))
+    await client.close()
     print(file=sys.stderr)
     return tally
 
@@ -82,11 +100,14 @@ def main() -> int:
     parser.add_argument("--model", default="SmolLM2-135M-Instruct")
     parser.add_argument("--tries", type=int, default=50)
     parser.add_argument("--api-key", default="unused")
+    parser.add_argument("--concurrency", type=int, default=1, help="requests at once")
     parser.add_argument("--json", default=None, help="also write the tally here")
     args = parser.parse_args()
-    if args.tries < 1:
-        parser.error("--tries must be at least 1")
-    tally = run(args.gateway.rstrip("/"), args.model, args.tries, args.api_key)
+    if args.tries < 1 or args.concurrency < 1:
+        parser.error("--tries and --concurrency must be at least 1")
+    tally = asyncio.run(
+        run(args.gateway.rstrip("/"), args.model, args.tries, args.api_key, args.concurrency)
+    )
     low, high = wilson(tally.hits, tally.tries)
     if tally.tries == 0:
         print(f"no answer in {args.tries} requests: {tally.errors[0][:200]}")
@@ -95,6 +116,11 @@ def main() -> int:
         f"named Paris in {tally.hits} of {tally.tries} "
         f"({tally.hits / tally.tries:.0%}; 95% interval {low:.0%}-{high:.0%}); "
         f"tiers: {dict(tally.tiers)}"
+    )
+    tokens = sorted(tally.completion_tokens)
+    print(
+        f"completion tokens: median {tokens[len(tokens) // 2]}, max {tokens[-1]}; "
+        f"finish reasons: {dict(tally.finish)}"
     )
     for text in tally.misses:
         print(f"  missed: {text[:120]!r}")

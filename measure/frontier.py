@@ -160,6 +160,24 @@ def gateway_point(
     return Point(tuple(routes), seconds / n, quality, off / total if total else 0.0)
 
 
+def routed_point(outcomes: Sequence[Outcome], speeds: Mapping[str, Speed], reference: str) -> Point:
+    """The gateway's routing decisions scored like every assignment: each prompt costs and
+    scores what its routed tier's direct answer does. Whether the routing is on the frontier is
+    judged on this point; the gateway's own answers (``gateway_point``) also carry the
+    engine's run-to-run differences (a greedy answer through the gateway, batched with other
+    requests, is not always the tier's direct answer), which no routing can remove."""
+    if not outcomes:
+        raise ValueError("no outcomes")
+    total = sum(o.tokens(o.route_tier) for o in outcomes)
+    off = sum(o.tokens(o.route_tier) for o in outcomes if o.route_tier != reference)
+    seconds = sum(
+        _speed(speeds, o.route_tier).seconds(o.completion[o.route_tier]) for o in outcomes
+    )
+    routes = sorted({(o.route_class, o.route_tier) for o in outcomes})
+    quality = sum(o.quality[o.route_tier] for o in outcomes) / len(outcomes)
+    return Point(tuple(routes), seconds / len(outcomes), quality, off / total if total else 0.0)
+
+
 def dominates(a: Point, b: Point) -> bool:
     """``a`` is as cheap and as good as ``b``, and better in one."""
     return (

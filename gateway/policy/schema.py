@@ -138,6 +138,7 @@ class LimitsPolicy(Section):
     on_input_too_long: Literal["reject", "route_long"] = "reject"
     tier_max_input_tokens: dict[str, PositiveInt] = Field(default_factory=dict)
     max_output_tokens: PositiveInt | None = None
+    default_max_tokens: PositiveInt | None = None  # sent when the client gives none
     on_max_tokens_too_large: Literal["clamp", "reject"] = "clamp"
     # Fields that multiply a request's cost (gateway/request/costs.py).
     max_n: PositiveInt = 4

@@ -311,7 +311,9 @@ def check_limits(
 
     allowed = room if policy.max_output_tokens is None else min(room, policy.max_output_tokens)
     if max_tokens is None:
-        return LimitDecision("ok", allowed, None, f"max_tokens not given: up to {allowed}")
+        default = policy.default_max_tokens
+        given = allowed if default is None else min(allowed, default)
+        return LimitDecision("ok", given, None, f"max_tokens not given: up to {given}")
     if max_tokens <= allowed:
         return LimitDecision("ok", max_tokens, None, f"max_tokens {max_tokens} <= {allowed}")
     why = (

@@ -210,7 +210,8 @@ def plan_route(
                 code=limit.error_code,
                 headers=route_headers(cls, None, reason),
             )
-        keep = max_tokens is None and policy.limits.max_output_tokens is None
+        limits = policy.limits
+        keep = max_tokens is None and limits.max_output_tokens is limits.default_max_tokens is None
         sent[name] = None if keep and limit.action == "ok" else limit.max_tokens
         if limit.action == "clamp" and not chain:
             reason = f"{reason}; {limit.message}"

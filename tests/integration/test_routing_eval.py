@@ -59,4 +59,7 @@ def test_routing_eval_end_to_end(stack: Stack, tmp_path: Path) -> None:
     gap = data["gateway_gap"]
     assert gap["on_frontier"] is (gap["by"] is None)
     md = (out / "routing.md").read_text()
-    assert "| **gateway (actual)** |" in md and "gateway routing: " in md
+    routed = data["gateway_routed_point"]
+    assert routed["seconds"] > 0 and 0.0 <= routed["quality"] <= 1.0
+    assert "| **gateway's routing** (its tiers' direct answers) |" in md
+    assert "gateway routing: " in md

@@ -16,6 +16,7 @@ from measure.frontier import (
     gap,
     gateway_point,
     pareto,
+    routed_point,
     shares,
 )
 
@@ -98,6 +99,38 @@ def test_the_gateway_point_uses_what_it_did() -> None:
     assert p.seconds == pytest.approx(seconds / 4)
     assert p.quality == pytest.approx((0.8 + 1 + 1 + 1) / 4)
     assert p.off_reference == pytest.approx(30 / 180)
+
+
+def test_the_routed_point_scores_the_routing_like_any_assignment() -> None:
+    """The gateway routed exactly like all-fp16, but its own answers differ from fp16's direct
+    ones here and there (the engine's run-to-run differences): judged on its own answers it
+    would look dominated by the very assignment it made; its routing scored with the direct
+    answers is that assignment's point, on the frontier."""
+    same = [
+        Outcome(
+            label="tolerant",
+            route_class="tolerant",
+            route_tier="fp16",
+            prompt_tokens=10,
+            gateway_completion=20,
+            gateway_quality=0.95,  # its answer drifted from the direct fp16 answer
+            completion={"fp16": 20, "int8": 24, "int4": 30},
+            quality={"fp16": 1.0, "int8": 0.9, "int4": 0.5},
+        )
+    ]
+    points = all_points(same, TIERS, SLOW_LOW, "fp16")
+    own, routed = gateway_point(same, SLOW_LOW, "fp16"), routed_point(same, SLOW_LOW, "fp16")
+    assert own.quality == pytest.approx(0.95) and not gap(own, points).on_frontier
+    assert (routed.seconds, routed.quality) == (
+        _by(points, "fp16").seconds,
+        _by(points, "fp16").quality,
+    )
+    assert gap(routed, points).on_frontier
+    # With int4 served, its direct answer's length and agreement count, not the gateway's.
+    int4 = [Outcome(**{**same[0].__dict__, "route_tier": "int4"})]
+    p = routed_point(int4, SLOW_LOW, "fp16")
+    assert p.quality == 0.5 and p.seconds == pytest.approx(0.06 + 30 * 0.026)
+    assert p.off_reference == 1.0
 
 
 def test_a_tier_without_a_measured_speed_is_refused() -> None:

@@ -51,7 +51,10 @@ def test_report_markdown_and_plot() -> None:
     md = markdown(data, "frontier.png")
     assert "| math | 0 | 0 | 0 | 0 | 0 |" not in md  # the math label's row counts its prompt
     assert "| math | 1 | 0 | 0 | 0 | 1 |" in md
-    assert f"| **gateway (actual)** | {seconds:.3f} | 0.787 | 75.0% |" in md
+    own = "| gateway (its own answers: the routing plus the engine's run-to-run differences) |"
+    assert f"{own} {seconds:.3f} | 0.787 | 75.0% |" in md
+    routed = data["gateway_routed_point"]
+    assert f"| **gateway's routing** (its tiers' direct answers) | {routed['seconds']:.3f} |" in md
     assert "| int8 | 100 ms | 18.0 ms |" in md and "Measured speeds (a file)" in md
     assert md.count("| frontier: ") == len(data["frontier"])
     assert gap_line(data) in md

@@ -216,6 +216,13 @@ def test_without_max_tokens_the_room_left_is_given() -> None:
     assert capped.max_tokens == 256
 
 
+def test_without_max_tokens_the_policy_default_is_given_within_the_room() -> None:
+    policy = _limits(default_max_tokens=512)
+    assert check_limits(1000, None, 2048, policy).max_tokens == 512
+    assert check_limits(1800, None, 2048, policy).max_tokens == 248  # less room than the default
+    assert check_limits(1000, 900, 2048, policy).max_tokens == 900  # asked for: not the default
+
+
 def test_an_over_long_prompt_is_rejected_like_openai() -> None:
     decision = check_limits(1600, 10, 2048, _limits(max_input_tokens=1536))
     assert decision.action == "reject"

@@ -55,13 +55,23 @@ def test_code_goes_to_fp16_and_chit_chat_to_int4() -> None:
 
 def test_body_is_untouched_without_max_tokens_and_clamped_when_too_large() -> None:
     body = _chat("Hi there")
-    plan = _plan(body)
+    no_default = SHIPPED.model_copy(
+        update={"limits": SHIPPED.limits.model_copy(update={"default_max_tokens": None})}
+    )
+    plan = _plan(body, policy=no_default)
     assert plan.body_for("int4", body) == body
     big = _chat("Hi there", max_tokens=100_000)
     clamped = _plan(big)
     sent = clamped.body_for("int4", big)["max_tokens"]
     assert 0 < sent < 2048
     assert "lowered to" in clamped.reason
+
+
+def test_without_max_tokens_the_shipped_default_is_sent() -> None:
+    body = _chat("Hi there")
+    plan = _plan(body)
+    assert SHIPPED.limits.default_max_tokens == 1024
+    assert plan.body_for("int4", body) == {**body, "max_tokens": 1024}
 
 
 def test_max_completion_tokens_is_the_field_clamped_when_given() -> None:
