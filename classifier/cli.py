@@ -21,7 +21,7 @@ def add_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     train.add_argument(
         "--output", default=None, help="weights file (classifier/weights/prompt-model-vN.json)"
     )
-    train.add_argument("--version", type=int, default=2, help="the weights' version number (2)")
+    train.add_argument("--version", type=int, default=3, help="the weights' version number (3)")
     ev = sub.add_parser("evaluate", help="accuracy, precision/recall, confusion on labeled files")
     ev.add_argument(
         "files",

@@ -132,6 +132,8 @@ def test_the_shipped_weights_load_with_their_version_and_window() -> None:
     assert metadata["data_sha256"] and metadata["cross_validation"]
     first = PromptModel.load(FIRST)  # format 1, kept: its norm is a square root
     assert first.label == "prompt-model v1" and first.norm_power == 0.5
+    trained = PromptModel.load(FIRST.with_name("prompt-model-v3.json"))  # not served (docs)
+    assert trained.label == "prompt-model v3" and trained.norm_power == 0.75
 
 
 def test_combine_is_a_weighted_mean() -> None:
