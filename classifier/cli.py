@@ -19,9 +19,9 @@ def add_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     train = sub.add_parser("train", help="train the prompt model and write its weights file")
     train.add_argument("--data", default=None, help="training JSONL (classifier/data/train.jsonl)")
     train.add_argument(
-        "--output", default=None, help="weights file (classifier/weights/prompt-model-v1.json)"
+        "--output", default=None, help="weights file (classifier/weights/prompt-model-vN.json)"
     )
-    train.add_argument("--version", type=int, default=1, help="the weights' version number")
+    train.add_argument("--version", type=int, default=3, help="the weights' version number (3)")
     ev = sub.add_parser("evaluate", help="accuracy, precision/recall, confusion on labeled files")
     ev.add_argument(
         "files",
@@ -49,12 +49,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from classifier import train  # scikit-learn: only in the train environment
 
-    opts = train.Options()
-    if args.data:
-        opts = train.Options(data=Path(args.data), output=opts.output)
-    if args.output or args.version != 1:
-        output = Path(args.output) if args.output else opts.output
-        opts = train.Options(data=opts.data, output=output, version=args.version)
+    weights = ROOT / "classifier" / "weights" / f"prompt-model-v{args.version}.json"
+    opts = train.Options(
+        data=Path(args.data) if args.data else train.TRAIN,
+        output=Path(args.output) if args.output else weights,
+        version=args.version,
+    )
     train.train(opts)
     return 0
 

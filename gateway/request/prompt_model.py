@@ -9,10 +9,11 @@ Two logistic regressions over the same sparse features, trained offline by
 
 Features: common/prompt_features.py (shared with the training, so both see the same ones).
 
-A text's score is ``bias + sum(weight of each present feature) / sqrt(number of present
-features)`` (unknown features count in the norm but weigh nothing), the probability its
-logistic. The sums are C-level set intersections and ``map`` over dicts: a 1,000-token prompt
-costs tens of microseconds (benchmarks/bench_classifier.py).
+A text's score is ``bias + sum(weight of each present feature) / n ** norm_power`` where ``n``
+is the number of features present (unknown features count in the norm but weigh nothing) and
+``norm_power`` is the weights file's (0.5, a square root, in a ``format_version`` 1 file), the
+probability its logistic. The sums are C-level set intersections and ``map`` over dicts: a
+1,000-token prompt costs tens of microseconds (benchmarks/bench_classifier.py).
 
 ``TextScore.top`` names the features that pushed a score most, for ``x-route-reason``.
 """
@@ -30,7 +31,7 @@ from pathlib import Path
 from common.prompt_features import Features, feature_key, feature_name, features
 
 FORMAT = "model-optimizer/prompt-model"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: the norm is a square root; 2: the file names its ``norm_power``
 
 
 class ModelError(Exception):
@@ -109,7 +110,7 @@ class TextScore:
 
     precise: float  # logit
     rows: tuple[int, ...]  # known features present
-    norm: float  # 1 / sqrt(features present)
+    norm: float  # 1 / (features present) ** norm_power
     tables: Tables
 
     @property
@@ -147,6 +148,7 @@ class PromptModel:
     tail_chars: int
     tables: Tables
     metadata: Mapping[str, object]
+    norm_power: float = 0.5
 
     @classmethod
     def load(cls, path: str | Path) -> PromptModel:
@@ -166,8 +168,12 @@ class PromptModel:
         data = json.loads(raw)
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"'format' must be {FORMAT!r}")
-        if data.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"'format_version' must be {FORMAT_VERSION}")
+        version = data.get("format_version")
+        if version not in (1, FORMAT_VERSION) or isinstance(version, bool):
+            raise ValueError(f"'format_version' must be 1 or {FORMAT_VERSION}")
+        power = 0.5 if version == 1 else data["norm_power"]
+        if isinstance(power, bool) or not isinstance(power, int | float) or not 0 < power <= 2:
+            raise ValueError("'norm_power' must be a number in (0, 2]")
         window_ = data["window"]
         head, tail = int(window_["head_chars"]), int(window_["tail_chars"])
         if head <= 0 or tail < 0:
@@ -180,6 +186,7 @@ class PromptModel:
             tail_chars=tail,
             tables=Tables.from_json(data["precise"], data["code"]),
             metadata=data.get("metadata", {}),
+            norm_power=float(power),
         )
 
     @property
@@ -194,7 +201,12 @@ class PromptModel:
         tables = self.tables
         rows = tuple(tables.rows(found))
         count = found.count
-        norm = 1.0 / math.sqrt(count) if count else 0.0
+        if not count:
+            norm = 0.0
+        elif self.norm_power == 0.5:  # format 1: exactly as before
+            norm = 1.0 / math.sqrt(count)
+        else:
+            norm = count**-self.norm_power
         precise = tables.precise
         logit = tables.precise_bias + sum(map(precise.__getitem__, rows)) * norm
         return TextScore(logit, rows, norm, tables)

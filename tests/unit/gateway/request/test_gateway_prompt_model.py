@@ -12,7 +12,8 @@ from common.prompt_features import feature_key, feature_name, features, window
 from gateway.request.prompt_model import ModelError, PromptModel, combine, sigmoid
 
 ROOT = Path(__file__).resolve().parents[4]
-SHIPPED = ROOT / "classifier" / "weights" / "prompt-model-v1.json"
+SHIPPED = ROOT / "classifier" / "weights" / "prompt-model-v2.json"
+FIRST = ROOT / "classifier" / "weights" / "prompt-model-v1.json"
 
 
 def _weights(
@@ -21,16 +22,19 @@ def _weights(
     bias: float = -1.0,
     head: int = 100,
     tail: int = 50,
+    norm_power: object = None,
 ) -> bytes:
     data = {
         "format": "model-optimizer/prompt-model",
-        "format_version": 1,
+        "format_version": 1 if norm_power is None else 2,
         "name": "tiny",
         "version": 3,
         "window": {"head_chars": head, "tail_chars": tail},
         "precise": {"bias": bias, "weights": precise},
         "code": {"bias": 0.0, "weights": code or {}},
     }
+    if norm_power is not None:
+        data["norm_power"] = norm_power
     return json.dumps(data).encode()
 
 
@@ -78,6 +82,17 @@ def test_the_score_is_bias_plus_weights_over_the_root_of_the_features_present() 
     assert TINY.score("").precise == -1.0
 
 
+def test_a_format_2_file_names_the_power_of_its_norm() -> None:
+    weights = {"w:python": 2.0, "w:poem": -2.0, "c:61": 1.0}
+    model = PromptModel.parse(_weights(weights, {"w:python": 3.0}, norm_power=0.75))
+    score = model.score("python x=1")  # 6 features present, as above
+    assert score.precise == pytest.approx(-1.0 + (2.0 + 1.0) / 6**0.75)
+    assert score.code == pytest.approx(3.0 / 6**0.75)
+    assert PromptModel.parse(_weights(weights, norm_power=0.5)).score("python x=1").precise == (
+        TINY.score("python x=1").precise
+    )
+
+
 def test_top_features_name_what_pushed_the_score_each_way() -> None:
     score = TINY.score("a python poem, x = 1")
     assert score.top(True) == ["+python", "+'='"]
@@ -93,6 +108,10 @@ def test_bad_weights_files_are_one_line_errors(tmp_path: Path) -> None:
         "bad-weight.json": _weights({"w:python": "heavy"}),  # type: ignore[dict-item]
         "bad-kind.json": _weights({"q:python": 1.0}),
         "bad-window.json": _weights({}, head=0),
+        "bad-power.json": _weights({}, norm_power=0),
+        "text-power.json": _weights({}, norm_power="0.75"),
+        "no-power.json": _weights({}, norm_power=0.75).replace(b'"norm_power"', b'"other"'),
+        "bad-version.json": _weights({}).replace(b'"format_version": 1', b'"format_version": 3'),
     }
     for name, content in cases.items():
         path = tmp_path / name
@@ -105,12 +124,16 @@ def test_bad_weights_files_are_one_line_errors(tmp_path: Path) -> None:
 
 def test_the_shipped_weights_load_with_their_version_and_window() -> None:
     model = PromptModel.load(SHIPPED)
-    assert model.label == "prompt-model v1"
+    assert model.label == "prompt-model v2" and model.norm_power == 0.75
     assert (model.head_chars, model.tail_chars) == (1536, 512)
     assert len(model.digest) == 12
     assert SHIPPED.stat().st_size < 512 * 1024  # small enough to read on every policy reload
     metadata = model.metadata
     assert metadata["data_sha256"] and metadata["cross_validation"]
+    first = PromptModel.load(FIRST)  # format 1, kept: its norm is a square root
+    assert first.label == "prompt-model v1" and first.norm_power == 0.5
+    trained = PromptModel.load(FIRST.with_name("prompt-model-v3.json"))  # not served (docs)
+    assert trained.label == "prompt-model v3" and trained.norm_power == 0.75
 
 
 def test_combine_is_a_weighted_mean() -> None:
