@@ -17,7 +17,7 @@ What is read is bounded whatever the request's size (``classes.window``): the la
 ``max_turns`` user messages and the leading system messages of a chat, the first ``max_prompts``
 prompts of a list (the rest as one text), and of each text a window of its first and last
 characters. The reason is ASCII (anything else is escaped) so it can travel as a header:
-``code: p(precise) 1.000 >= 0.11 (prompt-model v2: +that +write +program); p(code) 1.00``.
+``code: p(precise) 1.000 >= 0.12 (prompt-model v3: +that +write +program); p(code) 1.00``.
 
 The keyword rules (``classify``): ``code`` and ``math`` each add up weighted signals (keywords,
 a task phrase, named patterns; code also a fenced block, math also the density of numbers); a

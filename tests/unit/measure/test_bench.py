@@ -82,7 +82,9 @@ def test_ctrl_c_mid_level_keeps_the_finished_requests(stub: StubServer) -> None:
         measure_level(target, MODEL, _prompts(6), config, 1, runs, on_done)
     (run,) = runs
     assert run.partial
-    assert run.stats.completed == 2
+    # Every request that finished is kept: the two before Ctrl-C, and on a loaded machine one
+    # more that ended before the interrupt was taken (it once failed asserting exactly 2).
+    assert run.stats.completed == len(done) and 2 <= len(done) < 6
     assert run.num_prompts == 6
 
 

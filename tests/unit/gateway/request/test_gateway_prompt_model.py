@@ -12,7 +12,7 @@ from common.prompt_features import feature_key, feature_name, features, window
 from gateway.request.prompt_model import ModelError, PromptModel, combine, sigmoid
 
 ROOT = Path(__file__).resolve().parents[4]
-SHIPPED = ROOT / "classifier" / "weights" / "prompt-model-v2.json"
+SHIPPED = ROOT / "classifier" / "weights" / "prompt-model-v3.json"
 FIRST = ROOT / "classifier" / "weights" / "prompt-model-v1.json"
 
 
@@ -124,7 +124,7 @@ def test_bad_weights_files_are_one_line_errors(tmp_path: Path) -> None:
 
 def test_the_shipped_weights_load_with_their_version_and_window() -> None:
     model = PromptModel.load(SHIPPED)
-    assert model.label == "prompt-model v2" and model.norm_power == 0.75
+    assert model.label == "prompt-model v3" and model.norm_power == 0.75
     assert (model.head_chars, model.tail_chars) == (1536, 512)
     assert len(model.digest) == 12
     assert SHIPPED.stat().st_size < 512 * 1024  # small enough to read on every policy reload
@@ -132,8 +132,8 @@ def test_the_shipped_weights_load_with_their_version_and_window() -> None:
     assert metadata["data_sha256"] and metadata["cross_validation"]
     first = PromptModel.load(FIRST)  # format 1, kept: its norm is a square root
     assert first.label == "prompt-model v1" and first.norm_power == 0.5
-    trained = PromptModel.load(FIRST.with_name("prompt-model-v3.json"))  # not served (docs)
-    assert trained.label == "prompt-model v3" and trained.norm_power == 0.75
+    second = PromptModel.load(FIRST.with_name("prompt-model-v2.json"))  # kept, not served
+    assert second.label == "prompt-model v2" and second.norm_power == 0.75
 
 
 def test_combine_is_a_weighted_mean() -> None:
