@@ -53,6 +53,10 @@ class TierEndpoint(BaseModel):
         """Exactly one of base_url, endpoints, dns; a pool's base_url from its first member."""
         if not isinstance(data, dict):
             return data
+        derived = _pool_base_url(data)
+        if derived is not None and str(data.get("base_url", "")).rstrip("/") == derived:
+            # A dumped pool (model_dump) carries its derived base_url: it loads back as it was.
+            data = {key: value for key, value in data.items() if key != "base_url"}
         given = [key for key in ("base_url", "endpoints", "dns") if data.get(key) is not None]
         if len(given) != 1:
             shown = ", ".join(given) if given else "none"
@@ -92,6 +96,21 @@ class TierEndpoint(BaseModel):
     def pool(self) -> list[str]:
         """The configured endpoint URLs (a ``dns`` tier's come from resolving it)."""
         return list(self.endpoints) if self.endpoints is not None else [self.base_url]
+
+
+def _pool_base_url(data: dict[str, object]) -> str | None:
+    """The base_url a pool gets from its ``endpoints`` or ``dns`` (``None``: not a pool, or a
+    value the field validators will refuse)."""
+    endpoints, dns = data.get("endpoints"), data.get("dns")
+    try:
+        if isinstance(endpoints, list) and endpoints and isinstance(endpoints[0], str):
+            return endpoints[0].strip().rstrip("/")
+        if isinstance(dns, str):
+            scheme, host, port = split_dns(dns)
+            return f"{scheme}://{host}:{port}"
+    except ValueError:
+        return None
+    return None
 
 
 def _check_url(value: str, field: str) -> str:

@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.config import TierEndpoint
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError, error_body, sse_error_event
 from gateway.request.exchange import Exchange, SSECounter
-from gateway.request.upstream import Upstream, UpstreamUnavailable, aclose_quietly
+from gateway.request.upstream import Upstream, UpstreamLost, UpstreamUnavailable, aclose_quietly
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,10 @@ async def open_chain(
             try:
                 with anyio.move_on_after(first_byte):
                     response = await upstream.send(tier, "POST", path, body_for(tier.name), headers)
+            except UpstreamLost:
+                failures.append(f"{where} went away before answering")
+                exchange.fell_back(tier.name, "lost")
+                continue
             except UpstreamUnavailable:
                 failures.append(f"{where} unreachable")
                 exchange.fell_back(tier.name, "unreachable")

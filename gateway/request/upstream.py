@@ -37,6 +37,16 @@ class UpstreamUnavailable(APIError):
         self.tier = tier
 
 
+class UpstreamLost(UpstreamUnavailable):
+    """The tier took the request and went away before its answer began (a SIGKILLed server
+    resets the connection): the client has nothing yet, so another endpoint or tier may
+    answer it whole."""
+
+    def __init__(self, tier: str, reason: str) -> None:
+        super().__init__(tier, reason)
+        self.message = f"tier '{tier}' went away before answering: {reason}"
+
+
 class UpstreamTimeout(APIError):
     """The tier accepted the request but did not answer in time."""
 
@@ -140,6 +150,11 @@ class Upstream:
         )
         try:
             return await self.client.send(request, stream=True)
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            # Before the response's head (send returns once it is read): nothing reached the
+            # client, so the request may be tried again elsewhere.
+            error = translate_error(exc, tier, quiet=quiet)
+            raise UpstreamLost(tier.name, _reason(exc)) from error
         except httpx.HTTPError as exc:
             raise translate_error(exc, tier, quiet=quiet) from exc
 

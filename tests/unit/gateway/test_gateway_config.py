@@ -129,6 +129,20 @@ def test_a_tier_is_a_pool_of_endpoints_or_a_dns_name() -> None:
     assert (single.pool(), single.dns, single.endpoints) == (["http://x:1"], None, None)
 
 
+def test_a_pool_loads_back_from_its_own_dump() -> None:
+    """A config written by model_dump (as tests and tools hand gateways their config) carries
+    each pool's derived base_url; it loads back as it was. A base_url that differs from the
+    pool's is still two sources, refused."""
+    for fields in (
+        {"endpoints": ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]},
+        {"dns": "tier-int8.ns.svc:8000"},
+    ):
+        pool = TierEndpoint.model_validate({"name": "int8", **fields})
+        assert TierEndpoint.model_validate(pool.model_dump(mode="json")) == pool
+        with pytest.raises(ValidationError, match="got base_url, "):
+            TierEndpoint.model_validate({"name": "int8", "base_url": "http://other:1", **fields})
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [

@@ -12,6 +12,7 @@ from gateway.config import TierEndpoint
 from gateway.request.upstream import (
     Upstream,
     UpstreamFailed,
+    UpstreamLost,
     UpstreamTimeout,
     UpstreamUnavailable,
     aclose_quietly,
@@ -126,6 +127,40 @@ def test_send_to_a_refused_port_is_retryable(refused_url: str) -> None:
         asyncio.run(_with_upstream(work))
     assert caught.value.retryable
     assert caught.value.status == 503
+
+
+def test_a_tier_gone_before_answering_is_retryable() -> None:
+    """A server that takes the request and closes the connection without a response (a
+    SIGKILLed vLLM mid-generation of a whole answer): the client has nothing yet, so the error
+    is retryable (open_chain then tries the next endpoint or tier), unlike a stream broken
+    after its head (test_iter_raw_translates_a_broken_stream)."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+
+    def take_and_drop() -> None:
+        conn, _ = server.accept()
+        conn.recv(65536)
+        conn.close()
+
+    thread = threading.Thread(target=take_and_drop, daemon=True)
+    thread.start()
+
+    async def work(upstream: Upstream) -> None:
+        await upstream.send(_tier(url), "POST", "/v1/chat/completions", {"x": 1})
+
+    try:
+        with pytest.raises(UpstreamLost) as caught:
+            asyncio.run(_with_upstream(work))
+    finally:
+        thread.join(5)
+        server.close()
+    assert isinstance(caught.value, UpstreamUnavailable) and caught.value.retryable
+    assert "went away before answering" in caught.value.message
 
 
 def test_send_timeout_override(stub: Any) -> None:
