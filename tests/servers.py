@@ -12,6 +12,17 @@ import uvicorn
 WAIT = 10.0  # upper bound for starting or stopping
 
 
+def port_is_free(port: int) -> bool:
+    """Whether a plain bind (no SO_REUSEADDR, as another program's would be) gets ``port`` on
+    127.0.0.1 now."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 class ServerThread:
     """Runs an ASGI app with uvicorn on 127.0.0.1 (a free port) in a background thread."""
 

@@ -25,6 +25,7 @@ import yaml
 from backends.process import free_port
 from gateway.config import GatewayConfig, TierEndpoint
 from model_optimizer.envs import ROOT, cache_root
+from tests.servers import port_is_free
 
 pytestmark = pytest.mark.integration
 START_TIMEOUT = 1800.0  # a cold cache converts the model and builds its variants first
@@ -136,20 +137,9 @@ def free_port_run(count: int) -> int:
     """The first of ``count`` consecutive free loopback ports."""
     for _ in range(200):
         base = free_port()
-        if base + count < 65000 and all(_free(base + i) for i in range(count)):
+        if base + count < 65000 and all(port_is_free(base + i) for i in range(count)):
             return base
     raise RuntimeError("no run of free ports")
-
-
-def _free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def cli(*args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:

@@ -12,6 +12,7 @@ from backends.supervisor import (
 )
 from backends.tier_state import TierState
 from backends.vllm_args import TierLaunch
+from tests.servers import port_is_free
 
 POLICY = RestartPolicy(max_restarts=3, backoff_initial_s=1.0, backoff_max_s=5.0, window_s=60.0)
 
@@ -196,16 +197,6 @@ def test_starts_in_turn_restarts_a_crash_and_stops_everything(tmp_path: Path) ->
     assert sup.states() == {"fp16": TierState.DOWN, "int4": TierState.DOWN}
 
 
-def _takes(port: int) -> bool:
-    """Whether a plain bind (as another program's random port would be) gets ``port``."""
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def test_each_tier_s_port_is_held_until_just_before_it_starts(tmp_path: Path) -> None:
     """up holds every tier's port from the start (reserve_port) and the supervisor releases
     each right before that tier starts: a tier not yet started keeps its port taken while the
@@ -221,9 +212,9 @@ def test_each_tier_s_port_is_held_until_just_before_it_starts(tmp_path: Path) ->
 
     def release(launch: TierLaunch) -> None:
         later = launches[[t.name for t in launches].index(launch.name) + 1 :]
-        others_held = all(not _takes(t.port) for t in later)
+        others_held = all(not port_is_free(t.port) for t in later)
         held.pop(launch.port).close()
-        seen.append((launch.name, others_held, _takes(launch.port)))
+        seen.append((launch.name, others_held, port_is_free(launch.port)))
 
     sup = Supervisor(
         launches, _fake_server(tmp_path), tmp_path / "logs", POLICY, before_start=release
