@@ -47,6 +47,7 @@ from gateway.request.limits import TokenCounter
 from gateway.request.plan import ByteCounter, PromptCounter
 from gateway.request.proxy import chat_completions, completions, list_models
 from gateway.request.upstream import Upstream
+from gateway.request_log import RequestLog
 from gateway.runtime import (
     Admission,
     FixedPolicy,
@@ -55,7 +56,7 @@ from gateway.runtime import (
     default_policy,
     get_runtime,
 )
-from gateway.server import server_options
+from gateway.server import log_config, server_options
 from gateway.shared.leader import LeaderLock
 from gateway.shared.state import SharedRecords, SharedState
 from gateway.telemetry import build_tracer_provider, instrument_asgi, shutdown
@@ -89,7 +90,11 @@ def create_app(
         timeout = httpx.Timeout(config.read_timeout, connect=config.connect_timeout)
         # No pool cap: admission control belongs to the router, not to a hidden pool limit.
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=20)
-        shared = SharedState(config.redis_url, prefix=config.redis_prefix)
+        shared = SharedState(
+            config.redis_url,
+            prefix=config.redis_prefix,
+            flush_delay=config.shared_flush_interval,
+        )
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
             await shared.start()
             upstream, board = Upstream(client), TierBoard(config.tiers, supervisor_states)
@@ -106,6 +111,7 @@ def create_app(
                 admission=Admission(config.max_in_flight),
                 memory=TierMemory(config.tiers, tier_pids),
                 shadow=ShadowSampler(upstream, board, metrics, tracer, encoder(counter)),
+                request_log=RequestLog(config.request_log_sample),
             )
             lock = LeaderLock(
                 config.redis_url,
@@ -304,6 +310,7 @@ def serve(
         host=host,
         port=port,
         log_level=log_level,
+        log_config=log_config(log_level.upper()),
         lifespan="on",
         **server_options(config),
     )

@@ -15,6 +15,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -169,6 +170,10 @@ class GatewayConfig(BaseModel):
     tokenizer_dir: str | None = None
     redis_url: str | None = None  # shared state across replicas; None: this process only
     redis_prefix: str = "mo:gateway"
+    # Seconds within which this replica's in-flight counts and request counts reach Redis: one
+    # write carries every change since the last, off the request path (0: each request awaits
+    # two writes, at its start and its end).
+    shared_flush_interval: float = Field(default=0.02, ge=0, le=1)
     api_key_hashes: list[str] = Field(default_factory=list)  # empty: /v1 needs no key
     admin_key_hashes: list[str] = Field(default_factory=list)  # empty: /admin is disabled
     rate_limit_per_minute: int | None = Field(default=None, gt=0)  # per API key
@@ -195,6 +200,17 @@ class GatewayConfig(BaseModel):
     header_timeout: float = Field(default=10.0, gt=0)
     keep_alive_timeout: int = Field(default=5, gt=0)
     forwarded_allow_ips: list[str] = Field(default_factory=list)
+    # How uvicorn serves (gateway/server.py): the llhttp parser (httptools) or h11, on the
+    # libuv event loop (uvloop) or asyncio's own. A request's head (request line and headers)
+    # may take at most max_head_bytes (past it: 400 and the connection closed).
+    http_parser: Literal["httptools", "h11"] = "httptools"
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    max_head_bytes: int = Field(default=65_536, ge=1024)
+    # One uvicorn access-log line per request (off by default: it costs about a tenth of the
+    # gateway's CPU per request). The request log (gateway/request_log.py) logs every 5xx and a
+    # sample of the rest as one JSON line each.
+    access_log: bool = False
+    request_log_sample: float = Field(default=0.01, ge=0, le=1)
 
     @field_validator("api_key_hashes", "admin_key_hashes")
     @classmethod

@@ -18,6 +18,7 @@ from gateway.policy.schema import CLASS_NAMES, RoutingPolicy
 from gateway.policy.store import ActivePolicy
 from gateway.request.plan import PromptCounter
 from gateway.request.upstream import Upstream
+from gateway.request_log import RequestLog
 from gateway.shared.state import SharedState
 
 
@@ -75,6 +76,7 @@ class Runtime:
     admission: Admission
     memory: TierMemory
     shadow: ShadowSampler
+    request_log: RequestLog | None = None
 
 
 def get_config(request: Request) -> GatewayConfig:

@@ -3,13 +3,17 @@
 ``server_options(config)`` is every ``uvicorn.Config`` setting the gateway depends on, for
 ``serve`` (``python -m gateway``) and for ``up`` (model_optimizer/stack.py) alike:
 
-- ``http``: ``GatewayProtocol``, uvicorn's h11 protocol with two limits uvicorn lacks:
-  a request's head (request line and headers) must arrive within ``header_timeout`` seconds of
-  the connection opening or of the previous answer ending, else the connection is closed
-  (uvicorn waits for a head forever, and its keep-alive timer restarts with every byte); and
-  one client address may hold at most ``max_connections_per_client`` connections (the next one
-  is closed at once). Trusted proxies (``forwarded_allow_ips``) carry many clients and are not
-  bounded per address. Bodies are timed by the app (``body_timeout``, gateway/request/proxy.py).
+- ``http``: uvicorn's httptools (llhttp) protocol, or its h11 one (``http_parser``), with limits
+  uvicorn lacks (``ConnectionLimits``): a request's head (request line and headers) must arrive
+  within ``header_timeout`` seconds of the connection opening or of the previous answer ending,
+  else the connection is closed (uvicorn waits for a head forever, and its keep-alive timer
+  restarts with every byte); a head may take at most ``max_head_bytes`` (h11 bounds it itself;
+  on httptools, which buffers a head of any size, the protocol counts); and one client address
+  may hold at most ``max_connections_per_client`` connections (the next one is closed at once).
+  Trusted proxies (``forwarded_allow_ips``) carry many clients and are not bounded per address.
+  Bodies are timed by the app (``body_timeout``, gateway/request/proxy.py).
+- ``loop``: uvloop (libuv) or asyncio's own event loop (``event_loop``).
+- ``access_log``: off unless configured (gateway/request_log.py logs a sample instead).
 - ``limit_concurrency``: ``max_connections``; past it uvicorn answers 503 at once.
 - ``timeout_keep_alive``: ``keep_alive_timeout``; an idle kept-alive connection is closed then.
 - ``proxy_headers`` / ``forwarded_allow_ips``: X-Forwarded-For and X-Forwarded-Proto are believed
@@ -21,13 +25,16 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import ipaddress
 import logging
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.config import GatewayConfig
 
@@ -40,14 +47,30 @@ def server_options(config: GatewayConfig) -> dict[str, Any]:
     proxies = list(config.forwarded_allow_ips)
     return {
         "http": protocol_class(
-            config.header_timeout, config.max_connections_per_client, Trusted(proxies)
+            config.header_timeout,
+            config.max_connections_per_client,
+            Trusted(proxies),
+            parser=config.http_parser,
+            max_head_bytes=config.max_head_bytes,
         ),
+        "h11_max_incomplete_event_size": config.max_head_bytes,
+        "loop": config.event_loop,
+        "access_log": config.access_log,
         "limit_concurrency": config.max_connections,
         "timeout_keep_alive": config.keep_alive_timeout,
         "proxy_headers": bool(proxies),
         "forwarded_allow_ips": proxies or None,
         "server_header": False,
     }
+
+
+def log_config(level: str = "INFO") -> dict[str, Any]:
+    """uvicorn's logging configuration plus the gateway's own loggers (``gateway.*``: tier
+    changes, background loops, the request log) on stderr at ``level``; for a served gateway
+    (``serve``, ``up``), never applied by building an app."""
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["loggers"]["gateway"] = {"handlers": ["default"], "level": level, "propagate": False}
+    return config
 
 
 class Trusted:
@@ -67,25 +90,33 @@ class Trusted:
         return any(address in network for network in self.networks)
 
 
-class GatewayProtocol(H11Protocol):
-    """uvicorn's h11 protocol with a time limit on request heads and a bound on connections
-    per client address (see the module docstring); ``protocol_class`` sets the limits."""
+class ConnectionLimits:
+    """What the gateway adds to uvicorn's HTTP protocols (see the module docstring): a time
+    limit on request heads and a bound on connections per client address. Mixed in before
+    ``H11Protocol`` or ``HttpToolsProtocol``; ``protocol_class`` sets the limits."""
 
     header_timeout: float = 10.0
     per_client: int | None = None
     trusted: Trusted = Trusted([])
+    max_head_bytes: int = 65_536
     _refused_logged_at = 0.0
 
     _head_timer: asyncio.TimerHandle | None = None
+    # uvicorn's protocol state, as both protocols name it
+    client: tuple[str, int] | None
+    connections: set[Any]
+    cycle: Any
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
         host = self.client[0] if self.client else None
         if self.per_client is not None and host is not None and host not in self.trusted:
             held = sum(
                 1
                 for c in self.connections
-                if isinstance(c, H11Protocol) and c.client and c.client[0] == host
+                if isinstance(c, ConnectionLimits) and c.client and c.client[0] == host
             )
             if held > self.per_client:
                 self._log_refusal(host)
@@ -94,7 +125,7 @@ class GatewayProtocol(H11Protocol):
         self._arm_head_timer()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        super().on_response_complete()  # type: ignore[misc]
         if not self.transport.is_closing():
             self._arm_head_timer()
 
@@ -102,7 +133,7 @@ class GatewayProtocol(H11Protocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is not None:
@@ -117,8 +148,8 @@ class GatewayProtocol(H11Protocol):
 
     def _log_refusal(self, host: str) -> None:
         now = time.monotonic()
-        if now - GatewayProtocol._refused_logged_at >= _LOG_EVERY:
-            GatewayProtocol._refused_logged_at = now
+        if now - ConnectionLimits._refused_logged_at >= _LOG_EVERY:
+            ConnectionLimits._refused_logged_at = now
             logger.warning(
                 "client %s holds %d connections: further ones are closed (logged once a minute)",
                 host,
@@ -126,12 +157,56 @@ class GatewayProtocol(H11Protocol):
             )
 
 
+class GatewayProtocol(ConnectionLimits, H11Protocol):
+    """uvicorn's h11 protocol with the gateway's limits (h11 bounds a head's size itself:
+    ``h11_max_incomplete_event_size``)."""
+
+
+class GatewayHttpToolsProtocol(ConnectionLimits, HttpToolsProtocol):
+    """uvicorn's httptools protocol with the gateway's limits, and a bound on a head's size:
+    llhttp buffers a header of any length, so the bytes received while a head is incomplete
+    are counted, and past ``max_head_bytes`` the client gets a 400 and the connection closes."""
+
+    _awaiting_head = True  # no head yet since the connection opened or the last body ended
+    _head_bytes = 0
+
+    def data_received(self, data: bytes) -> None:
+        if self._awaiting_head:
+            self._head_bytes += len(data)
+        super().data_received(data)  # the head's end, if in ``data``, clears _awaiting_head
+        too_large = self._awaiting_head and self._head_bytes > self.max_head_bytes
+        if too_large and not self.transport.is_closing():
+            self.send_400_response("Request head too large.")
+
+    def on_headers_complete(self) -> None:
+        self._awaiting_head = False
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._awaiting_head, self._head_bytes = True, 0  # a pipelined request's head may follow
+        super().on_message_complete()
+
+
 def protocol_class(
-    header_timeout: float, per_client: int | None, trusted: Trusted
-) -> type[GatewayProtocol]:
-    """A ``GatewayProtocol`` with these limits (uvicorn builds one instance per connection)."""
+    header_timeout: float,
+    per_client: int | None,
+    trusted: Trusted,
+    *,
+    parser: str = "httptools",
+    max_head_bytes: int = 65_536,
+) -> type[ConnectionLimits]:
+    """The ``parser``'s protocol with these limits (uvicorn builds one instance per
+    connection)."""
+    base: type[ConnectionLimits] = (
+        GatewayHttpToolsProtocol if parser == "httptools" else GatewayProtocol
+    )
     return type(
-        "GatewayProtocol",
-        (GatewayProtocol,),
-        {"header_timeout": header_timeout, "per_client": per_client, "trusted": trusted},
+        base.__name__,
+        (base,),
+        {
+            "header_timeout": header_timeout,
+            "per_client": per_client,
+            "trusted": trusted,
+            "max_head_bytes": max_head_bytes,
+        },
     )

@@ -41,7 +41,7 @@ from gateway.config import (
     keys_from_environment,
 )
 from gateway.policy.store import PolicyStore
-from gateway.server import server_options
+from gateway.server import log_config, server_options
 from model_optimizer.envs import ROOT, cache_lock, cache_root, env_python, has_nvidia_gpu
 from model_optimizer.models import AlreadyReported, ModelError
 from model_optimizer.optimize import installed_vllm, run_in_optimize_env, run_optimize
@@ -367,6 +367,7 @@ def _serve(
                 host=LOOPBACK,
                 port=opts.gateway_port,
                 timeout_graceful_shutdown=5,
+                log_config=log_config(),
                 **server_options(config),
             )
         )

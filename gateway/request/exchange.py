@@ -31,6 +31,7 @@ from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
 from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
+from gateway.request_log import RequestLog, RequestRecord
 from gateway.shared.state import SharedState
 from gateway.telemetry import (
     ATTR_CLASS,
@@ -58,8 +59,10 @@ class Exchange:
         *,
         on_finish: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        log: RequestLog | None = None,
     ) -> None:
-        self.metrics, self.shared, self.clock = metrics, shared, clock
+        self.metrics, self.shared, self.clock, self.log = metrics, shared, clock, log
+        self.path = path
         self.span: Span = tracer.start_span(REQUEST_SPAN, attributes={"url.path": path})
         self.started = clock()
         self.cls, self.reason, self.tier = NONE, "", NONE
@@ -158,10 +161,28 @@ class Exchange:
         if self.error is not None:
             self.metrics.reject(self.error)
         self._annotate(self.status, self.error)
+        if self.log is not None and self.log.wants(self.status):
+            self.log.record(self._record(duration))
         for child in self._children:
             child.set_attribute(ATTR_TIER, self.tier)
             child.end()
         self.span.end()
+
+    def _record(self, duration: float) -> RequestRecord:
+        return RequestRecord(
+            path=self.path,
+            status=self.status,
+            cls=self.cls,
+            tier=self.tier,
+            reason=self.reason,
+            duration_ms=round(duration * 1000, 3),
+            ttft_ms=None if self.ttft is None else round(self.ttft * 1000, 3),
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            fallbacks=self.fallbacks,
+            error=self.error,
+            trace_id=format(self.span.get_span_context().trace_id, "032x"),
+        )
 
     def _annotate(self, status: int, error: str | None) -> None:
         attributes: dict[str, Any] = {

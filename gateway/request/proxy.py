@@ -178,7 +178,9 @@ async def _relay_completion(request: Request, path: str) -> Response:
     runtime = get_runtime(request)
     config = runtime.config
     note_detail(request, runtime)
-    exchange = Exchange(runtime.tracer, runtime.metrics, runtime.shared, path)
+    exchange = Exchange(
+        runtime.tracer, runtime.metrics, runtime.shared, path, log=runtime.request_log
+    )
     async with exchange:  # leaving it finishes the exchange, unless a stream now owns it
         with trace.use_span(exchange.span, end_on_exit=False):
             # The whole body first: a client sending it slowly holds no in-flight slot.

@@ -1,8 +1,9 @@
 """The Lua scripts gateway/shared/state.py runs in Redis (each is one atomic round trip).
 
 ``INFLIGHT``: write one replica's in-flight snapshot unless a newer one (higher sequence number
-from the same owner) is already there, refresh its expiry and the replica registry, and count a
-request in the current second's bucket when a third key is given.
+from the same owner) is already there, refresh its expiry and the replica registry, and add
+requests to per-second buckets: ARGV[6] names how many bucket keys follow the first two keys,
+and ARGV[7 ..] the requests to add to each; the tiers' counts come after them.
 ``RATE_LIMIT``: an exact sliding-window log per key: a request costing ``cost`` units is allowed
 when the units allowed in the last ``per`` seconds plus ``cost`` are at most ``limit``; answers
 ``{allowed, retry_after, remaining}``.
@@ -12,14 +13,14 @@ INFLIGHT = """
 local owner, seq = unpack(redis.call('HMGET', KEYS[1], '__owner', '__seq'))
 if owner ~= ARGV[1] or tonumber(ARGV[2]) > tonumber(seq or '-1') then
   redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[1], '__owner', ARGV[1], '__seq', ARGV[2], unpack(ARGV, 6))
+  redis.call('HSET', KEYS[1], '__owner', ARGV[1], '__seq', ARGV[2], unpack(ARGV, 7 + ARGV[6]))
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('SADD', KEYS[2], ARGV[4])
 if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
-if KEYS[3] then
-  redis.call('INCR', KEYS[3])
-  redis.call('EXPIRE', KEYS[3], ARGV[5])
+for i = 1, tonumber(ARGV[6]) do
+  redis.call('INCRBY', KEYS[2 + i], ARGV[6 + i])
+  redis.call('EXPIRE', KEYS[2 + i], ARGV[5])
 end
 return 1
 """

@@ -13,16 +13,23 @@ and a short-lived cache of tier health. Contract:
   ``begin``, ``end`` and a heartbeat (every ``replica_ttl / 3``) write the whole snapshot to
   ``{prefix}:inflight:{replica_id}`` (expiry ``replica_ttl``; a Lua script that ignores a write
   with an older sequence number, so late writes cannot roll it back) and add the id to
-  ``{prefix}:replicas``. ``in_flight`` sums the registered hashes and drops ids whose hash has
-  expired (crashed replicas). On reconnect the local snapshot is pushed: requests that ran
-  through the outage are counted and their ``end`` cannot drive the sum negative.
-- Traffic: ``begin`` increments ``{prefix}:rate:{epoch second}`` (same script and round trip,
-  expiry 310 s); ``request_rate(w)`` sums the ``ceil(w)`` latest buckets (the current, partial
-  second included) with MGET and divides by ``w``.
+  ``{prefix}:replicas``. With ``flush_delay`` 0 each ``begin`` and ``end`` awaits its write;
+  with ``flush_delay`` > 0 they only mark the snapshot changed and one background write at most
+  every ``flush_delay`` s carries every change since the last (the request path makes no Redis
+  round trip; other replicas see the counts up to ``flush_delay`` late; this replica's own
+  reads, ``in_flight`` and ``request_rate``, write what is pending first). ``in_flight`` sums
+  the registered hashes and drops ids whose hash has expired (crashed replicas). On reconnect
+  the local snapshot is pushed: requests that ran through the outage are counted and their
+  ``end`` cannot drive the sum negative.
+- Traffic: ``begin`` counts a request in ``{prefix}:rate:{epoch second}`` (same script and
+  round trip, by the requests counted since the last write; expiry 310 s); ``request_rate(w)``
+  sums the ``ceil(w)`` latest buckets (the current, partial second included) with MGET and
+  divides by ``w``.
 - Rate limits: an exact sliding-window log (a sorted set per key, a Lua script): allowed when
   fewer than ``limit`` requests were allowed in the last ``per`` s; refusals are not recorded.
   Times come from ``clock`` (replicas need synchronised clocks); locally, per replica, with
-  memory bounded: empty windows are dropped and at most ``_MAX_LOCAL_WINDOWS`` kept.
+  memory bounded: empty windows are dropped and at most a bounded number kept
+  (gateway/shared/local.py).
 - Tier health: one JSON string with a Redis expiry (locally: an expiry on ``clock``).
 """
 
@@ -37,9 +44,8 @@ import os
 import socket
 import time
 import uuid
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
@@ -47,72 +53,14 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from gateway.shared.connection import REDIS_ERRORS, close_quietly, failure, open_client, where
+from gateway.shared.local import BUCKET_TTL, LocalState, RateDecision
 from gateway.shared.lua import INFLIGHT, RATE_LIMIT
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_RATE_WINDOW = 300.0
 _POOL_SIZE = 64  # Redis connections per replica
-_BUCKET_TTL = 310  # seconds a per-second traffic bucket is kept
 _RESERVED = "__"  # hash fields starting with this are bookkeeping, not tiers
-# Without Redis: rate-limit windows are dropped once empty (looked for every _SWEEP_EVERY s), and
-# past _MAX_LOCAL_WINDOWS the least recently used go (their limits start again).
-_SWEEP_EVERY = 10.0
-_MAX_LOCAL_WINDOWS = 100_000
-
-
-@dataclass(frozen=True)
-class RateDecision:
-    """The answer of ``SharedState.rate_limit``."""
-
-    allowed: bool
-    retry_after: float  # seconds until a request would be allowed again (0 when allowed)
-    remaining: int  # requests left in the current window
-
-
-@dataclass
-class _Local:
-    """In-process state: the same semantics as Redis, for this replica only."""
-
-    inflight: dict[str, int] = field(default_factory=dict)
-    buckets: dict[int, int] = field(default_factory=dict)
-    # key id -> (its window's length, the times of its units), least recently used first
-    windows: dict[str, tuple[float, deque[float]]] = field(default_factory=dict)
-    swept_at: float = float("-inf")
-    health: dict[str, str] = field(default_factory=dict)
-    health_until: float = 0.0
-    values: dict[str, tuple[str, float]] = field(default_factory=dict)  # name -> (value, until)
-    lists: dict[str, list[str]] = field(default_factory=dict)
-
-    def _sweep(self, now: float) -> None:
-        """Drop the rate windows with nothing left in them, every ``_SWEEP_EVERY`` seconds."""
-        if now < self.swept_at + _SWEEP_EVERY:
-            return
-        self.swept_at = now
-        for key, (per, stamps) in list(self.windows.items()):
-            if not stamps or stamps[-1] <= now - per:
-                del self.windows[key]
-
-    def count_request(self, second: int) -> None:
-        self.buckets[second] = self.buckets.get(second, 0) + 1
-        if len(self.buckets) > _BUCKET_TTL:
-            for old in [s for s in self.buckets if s <= second - _BUCKET_TTL]:
-                del self.buckets[old]
-
-    def rate_limit(
-        self, key_id: str, limit: int, per: float, now: float, cost: int = 1
-    ) -> RateDecision:
-        self._sweep(now)
-        _, stamps = self.windows.pop(key_id, (per, deque()))  # back in, as the most recent
-        self.windows[key_id] = (per, stamps)
-        while len(self.windows) > _MAX_LOCAL_WINDOWS:
-            del self.windows[next(iter(self.windows))]
-        while stamps and stamps[0] <= now - per:
-            stamps.popleft()
-        if len(stamps) + cost <= limit:
-            stamps.extend([now] * cost)
-            return RateDecision(True, 0.0, limit - len(stamps))
-        return RateDecision(False, stamps[len(stamps) + cost - limit - 1] + per - now, 0)
 
 
 @dataclass(frozen=True)
@@ -154,9 +102,12 @@ class SharedState:
         op_timeout: float = 0.25,
         retry_interval: float = 2.0,
         replica_ttl: float = 15.0,
+        flush_delay: float = 0.0,
     ) -> None:
         if min(op_timeout, retry_interval, replica_ttl) <= 0:
             raise ValueError("op_timeout, retry_interval and replica_ttl must be > 0")
+        if flush_delay < 0:
+            raise ValueError("flush_delay must be >= 0")
         scheme = urlparse(redis_url).scheme if redis_url is not None else None
         if scheme is not None and scheme not in {"redis", "rediss", "unix"}:
             raise ValueError(f"redis_url must be redis://, rediss:// or unix://, not {scheme!r}")
@@ -170,7 +121,7 @@ class SharedState:
         self._replica_ttl = replica_ttl
         self._owner = uuid.uuid4().hex
         self._seq = 0
-        self._local = _Local()
+        self._local = LocalState()
         self._conn: _Conn | None = None
         self._shared = False
         self._warned = False
@@ -178,6 +129,9 @@ class SharedState:
         self._beat_at = 0.0
         self._closing = False
         self._task: asyncio.Task[None] | None = None
+        self._flush_delay = flush_delay
+        self._flush: asyncio.Task[bool] | None = None  # the write due after a change
+        self._unsent_rate: dict[int, int] = {}  # second -> requests not yet written
 
     @property
     def shared(self) -> bool:
@@ -205,10 +159,12 @@ class SharedState:
         (``False`` leaves them to expire after ``replica_ttl``, as a crash would)."""
         task, self._task = self._task, None
         self._closing = True  # also stops the loop if a cancellation gets lost in wait_for
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for pending in (task, self._flush):
+            if pending is not None:
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pending
+        self._flush = None
         conn, self._conn = self._conn, None
         if conn is None:
             return
@@ -234,7 +190,7 @@ class SharedState:
 
     async def _beat(self) -> None:
         self._beat_at = time.monotonic() + self._replica_ttl / 3
-        await self._write_inflight(None)
+        await self._write_inflight()
 
     async def _reconnect(self) -> None:
         self._retry_at = time.monotonic() + self._retry_interval
@@ -248,7 +204,7 @@ class SharedState:
             return
         self._shared = True  # before the push: later writes carry higher sequence numbers
         self._beat_at = time.monotonic() + self._replica_ttl / 3
-        if await self._write_inflight(None) and self._warned:
+        if await self._write_inflight() and self._warned:
             self._warned = False
             logger.info("shared state: Redis at %s is back, using shared state", self._where)
 
@@ -278,27 +234,55 @@ class SharedState:
         second = int(self._clock())
         self._local.inflight[tier] = self._local.inflight.get(tier, 0) + 1
         self._local.count_request(second)
-        await self._write_inflight(self._key("rate", str(second)))
+        if self._shared:
+            self._unsent_rate[second] = self._unsent_rate.get(second, 0) + 1
+        await self._changed()
 
     async def end(self, tier: str) -> None:
         """The request on ``tier`` ended: in-flight -1 (never below 0)."""
         self._local.inflight[tier] = max(0, self._local.inflight.get(tier, 0) - 1)
-        await self._write_inflight(None)
+        await self._changed()
 
-    async def _write_inflight(self, rate_key: str | None) -> bool:
-        """Write this replica's snapshot (and count a request in ``rate_key``); True if done."""
+    async def _changed(self) -> None:
+        """Write the snapshot now (``flush_delay`` 0), or have it written within the delay."""
+        if not self._shared:
+            return
+        if not self._flush_delay:
+            await self._write_inflight()
+        elif self._flush is None:
+            self._flush = asyncio.get_running_loop().create_task(self._write_later())
+
+    async def _write_later(self) -> bool:
+        await asyncio.sleep(self._flush_delay)
+        self._flush = None  # changes from here on are for the next write
+        return await self._write_inflight()
+
+    async def _write_pending(self) -> None:
+        """This replica's own reads see its changes: write what is pending now."""
+        flush, self._flush = self._flush, None
+        if flush is not None:
+            flush.cancel()
+            await self._write_inflight()
+
+    async def _write_inflight(self) -> bool:
+        """Write this replica's snapshot and the requests counted since the last write; True
+        if done."""
         if not self._shared:
             return False
         self._seq += 1
+        rate, self._unsent_rate = self._unsent_rate, {}
         counts = [x for tier, n in self._local.inflight.items() for x in (tier, n)]
         ttl_ms = max(1, int(self._replica_ttl * 1000))
-        args = [self._owner, self._seq, ttl_ms, self.replica_id, _BUCKET_TTL, *counts]
+        args: list[str | int] = [self._owner, self._seq, ttl_ms, self.replica_id, BUCKET_TTL]
+        args.append(len(rate))
+        args += [*rate.values(), *counts]
         keys = [self._key("inflight", self.replica_id), self._key("replicas")]
-        keys += [rate_key] if rate_key is not None else []
+        keys += [self._key("rate", str(second)) for second in rate]
         return await self._run(lambda c: c.inflight(keys=keys, args=args)) is not None
 
     async def in_flight(self) -> dict[str, int]:
         """In-flight requests per tier, summed over all live replicas."""
+        await self._write_pending()
         totals = await self._run(self._sum_inflight)
         return totals if totals is not None else dict(self._local.inflight)
 
@@ -323,6 +307,7 @@ class SharedState:
         """Requests per second across replicas over the last ``window`` s (0 < window <= 300)."""
         if not 0 < window <= MAX_RATE_WINDOW:
             raise ValueError(f"window must be in (0, {MAX_RATE_WINDOW:g}] seconds, not {window}")
+        await self._write_pending()
         now = int(self._clock())
         seconds = range(now - math.ceil(window) + 1, now + 1)
         keys = [self._key("rate", str(s)) for s in seconds]

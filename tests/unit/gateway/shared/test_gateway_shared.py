@@ -109,6 +109,62 @@ def test_two_replicas_share_in_flight_and_rate(redis_url: str, prefix: str) -> N
     run(scenario)
 
 
+def test_coalesced_writes_carry_every_change_in_few_round_trips(
+    redis_url: str, prefix: str
+) -> None:
+    """flush_delay > 0: begin/end make no round trip; one write within the delay carries every
+    change since the last (counts and requests per second), the writer reads its own at once."""
+    clock = Clock()
+
+    async def scenario() -> None:
+        a = SharedState(redis_url, prefix=prefix, replica_id="a", clock=clock, flush_delay=0.2)
+        b = SharedState(redis_url, prefix=prefix, replica_id="b", clock=clock)
+        await a.start()
+        await b.start()
+        client = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            seq_before = int(await client.hget(f"{prefix}:inflight:a", "__seq") or 0)
+            for _ in range(50):
+                await timed(a.begin("fp16"), 0.05)  # no round trip: far under op_timeout
+            for _ in range(20):
+                await a.end("fp16")
+            await a.begin("int4")
+            clock.now += 1.0  # the next second's bucket
+            await a.begin("int4")
+            assert "fp16" not in await b.in_flight()  # not written yet: b sees it late
+            await asyncio.sleep(0.5)
+            assert await b.in_flight() == {"fp16": 30, "int4": 2}
+            assert await b.request_rate(2) == 52 / 2
+            seq_after = int(await client.hget(f"{prefix}:inflight:a", "__seq") or 0)
+            assert 1 <= seq_after - seq_before <= 2  # one write (a heartbeat may add one)
+            await a.end("int4")
+            assert await a.in_flight() == {"fp16": 30, "int4": 1}  # its own, at once
+            assert await b.in_flight() == {"fp16": 30, "int4": 1}  # written by that read
+        finally:
+            await client.aclose()
+            await a.aclose()
+            await b.aclose()
+
+    run(scenario)
+
+
+def test_a_pending_write_is_dropped_with_the_replica_on_close(redis_url: str, prefix: str) -> None:
+    async def scenario() -> None:
+        a = SharedState(redis_url, prefix=prefix, replica_id="a", flush_delay=5.0)
+        b = SharedState(redis_url, prefix=prefix, replica_id="b")
+        await a.start()
+        await b.start()
+        try:
+            await a.begin("fp16")
+            await timed(a.aclose(), 1.0)  # the 5 s flush is cancelled, not awaited
+            assert await b.in_flight() == {}
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    run(scenario)
+
+
 def test_late_in_flight_write_cannot_roll_back(redis_url: str, prefix: str) -> None:
     """Snapshots carry a sequence number: an older one arriving late is ignored."""
 
@@ -120,10 +176,10 @@ def test_late_in_flight_write_cannot_roll_back(redis_url: str, prefix: str) -> N
         try:
             await a.begin("fp16")
             await a.begin("fp16")
-            stale = (a._owner, 1, 15_000, "a", 310, "fp16", 7)  # seq 1: the first begin's
+            stale = (a._owner, 1, 15_000, "a", 310, 0, "fp16", 7)  # seq 1: the first begin's
             await client.eval(INFLIGHT, 2, *keys, *stale)
             assert await a.in_flight() == {"fp16": 2}
-            restarted = ("another-process", 1, 15_000, "a", 310, "fp16", 7)  # same replica id
+            restarted = ("another-process", 1, 15_000, "a", 310, 0, "fp16", 7)  # same replica id
             await client.eval(INFLIGHT, 2, *keys, *restarted)
             assert await a.in_flight() == {"fp16": 7}
         finally:
@@ -423,7 +479,7 @@ def test_local_rate_windows_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None
         clock.now = 1061.0  # every window has expired
         assert (await state.rate_limit("addr:new", 5, 60)).allowed
         assert len(state._local.windows) == 1
-        monkeypatch.setattr("gateway.shared.state._MAX_LOCAL_WINDOWS", 100)
+        monkeypatch.setattr("gateway.shared.local._MAX_LOCAL_WINDOWS", 100)
         for i in range(500):  # within one window: the least recently used are dropped
             await state.rate_limit(f"addr:{i}", 5, 60)
         assert len(state._local.windows) <= 100
