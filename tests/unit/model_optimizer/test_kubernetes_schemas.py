@@ -1,0 +1,190 @@
+"""Every rendered manifest against the Kubernetes API's own schemas, offline.
+
+``kubernetes-validate`` (requirements/gateway.txt) carries the API's OpenAPI definitions as JSON
+Schema for Kubernetes 1.25 to 1.37, on disk: nothing is fetched (the tests below run with
+sockets refused). Its strict schemas refuse unknown fields, so a misspelled or misplaced
+field, a wrong type, a missing required field, a wrong apiVersion or kind fails here. Each
+object is checked against 1.34, the oldest Kubernetes the rendering asks for (the co-located
+shape's ``resource.k8s.io/v1`` claim), and 1.37, the newest the package carries.
+
+What the schemas leave to the API server is checked by hand below, for what the renderer
+writes: object, container and port names, label keys and values, port numbers.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from model_optimizer.deploy import DEFAULT_POLICY, DEFAULT_SPEC, render_files
+from model_optimizer.kubernetes.options import KubeOptions
+
+ROOT = Path(__file__).resolve().parents[3]
+SHIPPED = ROOT / "deploy" / "kubernetes" / "manifests"
+FACTS = ROOT / "deploy" / "kubernetes" / "default-variants"
+VERSIONS = ("1.34", "1.37")
+Obj = dict[str, Any]
+
+# The API server's syntax rules the schemas do not carry (k8s.io/apimachinery validation).
+_LABEL = r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]"
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_LABEL_KEY = re.compile(rf"({_SUBDOMAIN.pattern}/)?{_LABEL}")
+_LABEL_VALUE = re.compile(rf"({_LABEL})?")
+_PORT_NAME = re.compile(r"(?=.*[a-z])[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?")
+# Services and Namespaces take DNS labels (a Service's must start with a letter).
+_NAME_RULE = {"Service": re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?"), "Namespace": _DNS_LABEL}
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No connection and no name lookup while validating: the schemas are on disk. Each schema
+    file is parsed once (the package reads its 1.8 MB of definitions on every call)."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the validation tried the network")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(kubernetes_validate.utils, "schema_contents", _schema_contents)
+
+
+_schema_contents = functools.cache(kubernetes_validate.utils.schema_contents)
+
+
+def problems(obj: Obj, version: str) -> list[str]:
+    """What the API would refuse in ``obj`` at ``version``: the strict schema's first error,
+    then the syntax rules above. Empty: valid. A kind without a schema raises."""
+    where = f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
+    found = []
+    try:
+        kubernetes_validate.validate(obj, version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        found.append(f"{where}: {'.'.join(map(str, exc.path))}: {exc.message}")
+    found.extend(f"{where}: {problem}" for problem in syntax_problems(obj))
+    return found
+
+
+def syntax_problems(obj: Obj) -> Iterator[str]:
+    name = obj["metadata"]["name"]
+    if not _NAME_RULE.get(obj["kind"], _SUBDOMAIN).fullmatch(name):
+        yield f"metadata.name: {name!r} is not a valid {obj['kind']} name"
+    for path, key, value in _walk(obj):
+        if key in ("labels", "matchLabels", "selector") and isinstance(value, dict):
+            for label, text in value.items():
+                if not isinstance(text, str):
+                    continue  # a LabelSelector, walked into below
+                if not _LABEL_KEY.fullmatch(label) or not _LABEL_VALUE.fullmatch(text):
+                    yield f"{path}: label {label}={text!r} is not a label"
+        if key == "containers":
+            for container in value:
+                if not _DNS_LABEL.fullmatch(container["name"]):
+                    yield f"{path}: container name {container['name']!r}"
+        if key == "ports":
+            for port in value:
+                named = port.get("name")
+                if named is not None and not _PORT_NAME.fullmatch(named):
+                    yield f"{path}: port name {named!r}"
+                for field in ("port", "containerPort", "targetPort", "number"):
+                    number = port.get(field)
+                    if isinstance(number, int) and not 1 <= number <= 65535:
+                        yield f"{path}: {field} {number} is not a port"
+
+
+def _walk(node: Any, path: str = "") -> Iterator[tuple[str, str, Any]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            where = f"{path}.{key}" if path else key
+            yield where, key, value
+            yield from _walk(value, where)
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            yield from _walk(item, f"{path}[{i}]")
+
+
+def _objects(files: dict[str, str]) -> list[tuple[str, Obj]]:
+    """(file name, object) of every file the command writes, the Secret's example too."""
+    return [(name, yaml.safe_load(text)) for name, text in sorted(files.items())]
+
+
+RENDERINGS: dict[str, KubeOptions] = {
+    "default": KubeOptions(),
+    "co-located": KubeOptions(shape="co-located"),
+    "external-redis": KubeOptions(
+        redis_url="rediss://cache.example:6380/2",
+        namespace="llm",
+        secret_name="llm-keys",
+        gateway_replicas=1,
+        max_gateway_replicas=1,
+    ),
+}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("rendering", sorted(RENDERINGS))
+def test_every_rendered_object_is_valid(rendering: str, version: str) -> None:
+    files = render_files(DEFAULT_SPEC, FACTS, DEFAULT_POLICY, RENDERINGS[rendering])
+    for name, obj in _objects(files):
+        assert problems(obj, version) == [], name
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_checked_in_manifests_are_valid(version: str) -> None:
+    files = {p.name: p.read_text(encoding="utf-8") for p in SHIPPED.iterdir()}
+    assert len(files) > 10
+    for name, obj in _objects(files):
+        assert problems(obj, version) == [], name
+
+
+def _tier() -> Obj:
+    files = render_files(DEFAULT_SPEC, FACTS, DEFAULT_POLICY, KubeOptions())
+    [text] = [t for n, t in files.items() if n.endswith("-deployment-tier-int8.yaml")]
+    found: Obj = yaml.safe_load(text)
+    return found
+
+
+def _container(obj: Obj) -> Obj:
+    found: Obj = obj["spec"]["template"]["spec"]["containers"][0]
+    return found
+
+
+def test_a_misspelled_field_fails() -> None:
+    broken = _tier()
+    container = _container(broken)
+    container["readinesProbe"] = container.pop("readinessProbe")
+    [problem] = problems(broken, "1.37")
+    assert "spec.template.spec.containers.0" in problem and "'readinesProbe'" in problem
+
+
+@pytest.mark.parametrize(
+    ("breakage", "expected"),
+    [
+        (lambda o: o["spec"].update(replicas="two"), "spec.replicas: 'two' is not of type"),
+        (lambda o: o["spec"].pop("selector"), "'selector' is a required property"),
+        (lambda o: o["spec"]["template"].update(replicas=2), "'replicas' was unexpected"),
+        (lambda o: _container(o)["env"][0].update(value=1), ".value: 1 is not of type"),
+        (lambda o: _container(o)["ports"][0].update(containerPort=99999), "is not a port"),
+        (lambda o: o["metadata"].update(name="Tier_Int8"), "is not a valid Deployment name"),
+        (lambda o: o["metadata"]["labels"].update({"tier": "int 8"}), "is not a label"),
+    ],
+)
+def test_a_broken_object_fails(breakage: Any, expected: str) -> None:
+    broken = copy.deepcopy(_tier())
+    breakage(broken)
+    found = problems(broken, "1.34")
+    assert len(found) == 1 and expected in found[0], found
+
+
+def test_a_kind_without_a_schema_is_not_passed_silently() -> None:
+    unknown = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        problems(unknown, "1.37")
