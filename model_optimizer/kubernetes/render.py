@@ -33,7 +33,8 @@ def render(
     """Every object, in apply order. ``SpecError`` when the spec cannot run on cuda with these
     variants (the checks ``up`` makes: fractions below 1, a passed variant for the engine)."""
     launches = tier_launches(spec, variants, options)
-    config = gateway_config(spec.model_name, launches, options)
+    replicas: dict[str, int] = {tier.name: tier.replicas for tier in spec.tiers}
+    config = gateway_config(spec.model_name, launches, options, replicas)
     namespace: Manifest = {
         "apiVersion": "v1",
         "kind": "Namespace",

@@ -305,3 +305,56 @@ def test_the_cuda_checks_of_up_hold() -> None:
 def test_bad_options_name_the_option(options: dict[str, Any], message: str) -> None:
     with pytest.raises(OptionsError, match=f"^{message}:"):
         KubeOptions(**options)
+
+
+SCALED = SPEC.replace("max_model_len: 1024}", "max_model_len: 1024, replicas: 3}")
+
+
+def test_a_scaled_tier_is_a_pool_behind_its_headless_service() -> None:
+    objects = _render(SCALED)
+    int8, fp16 = _one(objects, "Deployment", "tier-int8"), _one(objects, "Deployment", "tier-fp16")
+    assert int8["spec"]["replicas"] == 3
+    # One pod at a time, none added first (each holds a GPU): the pool keeps serving.
+    assert int8["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
+    assert fp16["spec"]["replicas"] == 1 and fp16["spec"]["strategy"] == {"type": "Recreate"}
+    text = _one(objects, "ConfigMap", "gateway-config")["data"]["gateway.yaml"]
+    tiers = {t["name"]: t for t in yaml.safe_load(text)["tiers"]}
+    assert tiers["int8"] == {"name": "int8", "dns": "http://tier-int8:8102", "max_model_len": 1024}
+    assert tiers["fp16"] == {
+        "name": "fp16",
+        "base_url": "http://tier-fp16:8101",
+        "max_model_len": 2048,
+    }
+    config = {t.name: t for t in GatewayConfig.model_validate(yaml.safe_load(text)).tiers}
+    assert config["int8"].dns == "http://tier-int8:8102" and config["fp16"].dns is None
+    # The name the gateway resolves is the headless Service that selects the tier's pods.
+    service = _one(objects, "Service", "tier-int8")["spec"]
+    assert service["clusterIP"] == "None" and service["ports"][0]["port"] == 8102
+    assert _selects(service["selector"], int8["spec"]["template"]["metadata"]["labels"])
+    assert not service.get("publishNotReadyAddresses")  # only ready pods are resolved
+    # A drain takes one pod of the pool at a time, and only the scaled tier has a budget.
+    [budget] = [
+        b for b in _of(objects, "PodDisruptionBudget") if b["metadata"]["name"] != "gateway"
+    ]
+    assert budget["metadata"]["name"] == "tier-int8" and budget["spec"]["maxUnavailable"] == 1
+    chosen = [
+        p["metadata"]["labels"].get("model-optimizer/tier")
+        for p in _pods(objects)
+        if _selects(budget["spec"]["selector"]["matchLabels"], p["metadata"]["labels"])
+    ]
+    assert chosen == ["int8"]
+
+
+def test_one_replica_renders_as_before() -> None:
+    one = SPEC.replace("max_model_len: 1024}", "max_model_len: 1024, replicas: 1}")
+    assert _render(one) == _render()
+
+
+def test_replicas_are_refused_where_they_cannot_run() -> None:
+    with pytest.raises(SpecError, match=r"^t\.yaml:5: tiers\[1\]\.replicas: 3 replicas need"):
+        _render(SCALED, shape="co-located")
+    with pytest.raises(SpecError, match=r"^t\.yaml:5: tiers\[1\]\.replicas: "):
+        _render(SCALED.replace("replicas: 3", "replicas: 0"))

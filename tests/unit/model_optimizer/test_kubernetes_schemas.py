@@ -126,13 +126,29 @@ RENDERINGS: dict[str, KubeOptions] = {
         gateway_replicas=1,
         max_gateway_replicas=1,
     ),
+    "scaled": KubeOptions(),  # the shipped spec with fp16 at 3 replicas, int4 at 2
 }
+
+
+def _scaled_spec(folder: Path) -> Path:
+    """The shipped spec with two tiers of several pods (Deployment, budget, dns pool)."""
+    text = DEFAULT_SPEC.read_text(encoding="utf-8")
+    scaled = text.replace("    replicas: 1\n", "    replicas: 3\n", 1).replace(
+        "gpu_memory_utilization: 0.20}", "gpu_memory_utilization: 0.20, replicas: 2}"
+    )
+    assert scaled.count("replicas: ") == text.count("replicas: ") + 1
+    (folder / "tiers.yaml").write_text(scaled, encoding="utf-8")
+    return folder / "tiers.yaml"
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("rendering", sorted(RENDERINGS))
-def test_every_rendered_object_is_valid(rendering: str, version: str) -> None:
-    files = render_files(DEFAULT_SPEC, FACTS, DEFAULT_POLICY, RENDERINGS[rendering])
+def test_every_rendered_object_is_valid(rendering: str, version: str, tmp_path: Path) -> None:
+    spec = _scaled_spec(tmp_path) if rendering == "scaled" else DEFAULT_SPEC
+    files = render_files(spec, FACTS, DEFAULT_POLICY, RENDERINGS[rendering])
+    kinds = [obj["kind"] for _, obj in _objects(files)]
+    if rendering == "scaled":
+        assert kinds.count("PodDisruptionBudget") == 3  # the gateway's, fp16's, int4's
     for name, obj in _objects(files):
         assert problems(obj, version) == [], name
 
