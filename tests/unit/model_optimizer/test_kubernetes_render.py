@@ -300,6 +300,7 @@ def test_the_cuda_checks_of_up_hold() -> None:
         ({"gateway_replicas": 4, "max_gateway_replicas": 3}, "max_gateway_replicas"),
         ({"redis_url": "http://x"}, "redis_url"),
         ({"shape": "sideways"}, "shape"),
+        ({"endpoint_picker_port": 0}, "endpoint_picker_port"),
     ],
 )
 def test_bad_options_name_the_option(options: dict[str, Any], message: str) -> None:
@@ -358,3 +359,40 @@ def test_replicas_are_refused_where_they_cannot_run() -> None:
         _render(SCALED, shape="co-located")
     with pytest.raises(SpecError, match=r"^t\.yaml:5: tiers\[1\]\.replicas: "):
         _render(SCALED.replace("replicas: 3", "replicas: 0"))
+
+
+def test_inference_pools_are_opt_in_and_select_each_tiers_pods() -> None:
+    assert not _of(_render(), "InferencePool")
+    objects = _render(inference_pools=True, endpoint_picker_port=9100)
+    pools = {p["metadata"]["name"]: p for p in _of(objects, "InferencePool")}
+    assert sorted(pools) == ["tier-fp16", "tier-int4", "tier-int8"]
+    for name, port in PORTS.items():
+        pool = pools[f"tier-{name}"]
+        assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
+        spec = pool["spec"]
+        assert spec["targetPorts"] == [{"number": port}]
+        assert spec["endpointPickerRef"] == {"name": f"tier-{name}-epp", "port": {"number": 9100}}
+        chosen = [
+            p
+            for p in _pods(objects)
+            if _selects(spec["selector"]["matchLabels"], p["metadata"]["labels"])
+        ]
+        assert [p["metadata"]["labels"]["model-optimizer/tier"] for p in chosen] == [name]
+        assert port in {c["containerPort"] for c in chosen[0]["spec"]["containers"][0]["ports"]}
+    # The rest is the default rendering: the gateway still chooses the tier itself.
+    assert [o for o in objects if o["kind"] != "InferencePool"] == _render()
+
+
+def test_co_located_inference_pools_tell_the_tiers_apart_by_port() -> None:
+    objects = _render(shape="co-located", inference_pools=True)
+    [pod] = [
+        p
+        for p in _pods(objects)
+        if p["metadata"]["labels"].get("app.kubernetes.io/component") == "tier"
+    ]
+    for pool in _of(objects, "InferencePool"):
+        spec = pool["spec"]
+        assert _selects(spec["selector"]["matchLabels"], pod["metadata"]["labels"])
+        tier = pool["metadata"]["name"].removeprefix("tier-")
+        [container] = [c for c in pod["spec"]["containers"] if c["name"] == tier]
+        assert spec["targetPorts"] == [{"number": container["ports"][0]["containerPort"]}]

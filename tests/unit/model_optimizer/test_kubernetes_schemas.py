@@ -9,6 +9,10 @@ shape's ``resource.k8s.io/v1`` claim), and 1.37, the newest the package carries.
 
 What the schemas leave to the API server is checked by hand below, for what the renderer
 writes: object, container and port names, label keys and values, port numbers.
+
+A kind no Kubernetes release defines (the opt-in ``InferencePool``, a custom resource) has no
+schema there: it is checked against the one in tests/inference_pool_schema.py, a transcription
+of its CRD's v1 fields (stricter than every v1 release), and any other such kind fails.
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
 from model_optimizer.deploy import DEFAULT_POLICY, DEFAULT_SPEC, render_files
 from model_optimizer.kubernetes.options import KubeOptions
+from tests.inference_pool_schema import INFERENCE_POOL_V1
 
 ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = ROOT / "deploy" / "kubernetes" / "manifests"
@@ -43,6 +49,8 @@ _LABEL_VALUE = re.compile(rf"({_LABEL})?")
 _PORT_NAME = re.compile(r"(?=.*[a-z])[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?")
 # Services and Namespaces take DNS labels (a Service's must start with a letter).
 _NAME_RULE = {"Service": re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?"), "Namespace": _DNS_LABEL}
+# Custom resources: (apiVersion, kind) -> the schema they are checked against instead.
+CUSTOM = {("inference.networking.k8s.io/v1", "InferencePool"): INFERENCE_POOL_V1}
 
 
 @pytest.fixture(autouse=True)
@@ -62,14 +70,24 @@ _schema_contents = functools.cache(kubernetes_validate.utils.schema_contents)
 
 
 def problems(obj: Obj, version: str) -> list[str]:
-    """What the API would refuse in ``obj`` at ``version``: the strict schema's first error,
-    then the syntax rules above. Empty: valid. A kind without a schema raises."""
+    """What the API would refuse in ``obj`` at ``version``: the strict schema's first error
+    (a custom resource's: ``CUSTOM``'s), then the syntax rules above. Empty: valid. A kind
+    without a schema raises."""
     where = f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
     found = []
-    try:
-        kubernetes_validate.validate(obj, version, strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        found.append(f"{where}: {'.'.join(map(str, exc.path))}: {exc.message}")
+    custom = CUSTOM.get((obj.get("apiVersion"), obj.get("kind")))
+    error: jsonschema.ValidationError | None = None
+    if custom is not None:
+        error = jsonschema.exceptions.best_match(
+            jsonschema.Draft202012Validator(custom).iter_errors(obj)
+        )
+    else:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            error = exc
+    if error is not None:
+        found.append(f"{where}: {'.'.join(map(str, error.path))}: {error.message}")
     found.extend(f"{where}: {problem}" for problem in syntax_problems(obj))
     return found
 
@@ -127,6 +145,8 @@ RENDERINGS: dict[str, KubeOptions] = {
         max_gateway_replicas=1,
     ),
     "scaled": KubeOptions(),  # the shipped spec with fp16 at 3 replicas, int4 at 2
+    "inference-pools": KubeOptions(inference_pools=True),
+    "inference-pools-co-located": KubeOptions(inference_pools=True, shape="co-located"),
 }
 
 
@@ -149,6 +169,7 @@ def test_every_rendered_object_is_valid(rendering: str, version: str, tmp_path: 
     kinds = [obj["kind"] for _, obj in _objects(files)]
     if rendering == "scaled":
         assert kinds.count("PodDisruptionBudget") == 3  # the gateway's, fp16's, int4's
+    assert kinds.count("InferencePool") == (3 if rendering.startswith("inference-pools") else 0)
     for name, obj in _objects(files):
         assert problems(obj, version) == [], name
 
@@ -204,3 +225,31 @@ def test_a_kind_without_a_schema_is_not_passed_silently() -> None:
     unknown = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
     with pytest.raises(kubernetes_validate.SchemaNotFoundError):
         problems(unknown, "1.37")
+
+
+def _pool() -> Obj:
+    files = render_files(DEFAULT_SPEC, FACTS, DEFAULT_POLICY, KubeOptions(inference_pools=True))
+    [text] = [t for n, t in files.items() if n.endswith("-inferencepool-tier-int4.yaml")]
+    found: Obj = yaml.safe_load(text)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("breakage", "expected"),
+    [
+        (lambda o: o["spec"].update(targetPort=o["spec"].pop("targetPorts")), "'targetPort'"),
+        (lambda o: o["spec"]["endpointPickerRef"].pop("port"), "'port' is a required property"),
+        (lambda o: o["spec"]["targetPorts"].append({"number": 9}), "is too long"),
+        (lambda o: o["spec"]["targetPorts"][0].update(number="8103"), "'8103' is not of type"),
+        (lambda o: o.update(apiVersion="inference.networking.x-k8s.io/v1alpha2"), "no schema"),
+    ],
+)
+def test_a_broken_inference_pool_fails(breakage: Any, expected: str) -> None:
+    pool = _pool()
+    assert problems(pool, "1.37") == []
+    breakage(pool)
+    try:
+        found = problems(pool, "1.37")
+    except kubernetes_validate.SchemaNotFoundError:
+        found = ["no schema"]
+    assert len(found) == 1 and expected in found[0], found
