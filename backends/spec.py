@@ -81,9 +81,9 @@ class TierSpec(Section):
     max_num_batched_tokens: PositiveInt | None = None
     kv_cache_dtype: KVCacheDtype | None = None
     compile_level: int | None = Field(default=None, strict=True, ge=0, le=3)
-    # cuda: start with --enable-sleep-mode, so KV resets sleep and wake the tier. Ignored on
-    # CPU (vLLM refuses the flag there; resets drop the prefix cache instead).
+    # cuda: --enable-sleep-mode, so KV resets sleep and wake the tier (CPU: ignored, vLLM refuses).
     sleep_mode: bool = Field(default=True, strict=True)
+    replicas: PositiveInt = 1  # pods: `deploy kubernetes` only (`up` runs one server per tier)
 
     @field_validator("cpu_threads", mode="before")
     @classmethod

@@ -54,6 +54,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     k8s.add_argument("--secret-name", default=DEFAULTS.secret_name, help="the keys' Secret")
     k8s.add_argument("--variants-claim", default=DEFAULTS.variants_claim, help="variants PVC")
     k8s.add_argument("--gpu-device-class", default=DEFAULTS.gpu_device_class)
+    k8s.add_argument(
+        "--inference-pools",
+        action="store_true",
+        help="also an InferencePool per tier (Gateway API Inference Extension; off by default)",
+    )
+    k8s.add_argument(
+        "--endpoint-picker-port",
+        type=int,
+        default=DEFAULTS.endpoint_picker_port,
+        help="the port of each pool's endpoint picker Service, tier-<name>-epp",
+    )
 
 
 def options_of(args: argparse.Namespace) -> KubeOptions:
@@ -69,6 +80,8 @@ def options_of(args: argparse.Namespace) -> KubeOptions:
         secret_name=args.secret_name,
         variants_claim=args.variants_claim,
         gpu_device_class=args.gpu_device_class,
+        inference_pools=args.inference_pools,
+        endpoint_picker_port=args.endpoint_picker_port,
     )
 
 

@@ -149,6 +149,9 @@ def phase_launches(opts: UpOptions, name: str, variants: Path) -> list[TierLaunc
         if unknown:
             raise ModelError(f"--tiers names unknown tier(s): {', '.join(sorted(unknown))}")
         spec = spec.model_copy(update={"tiers": [t for t in spec.tiers if t.name in opts.tiers]})
+    scaled = [f"{t.name} ({t.replicas})" for t in spec.tiers if t.replicas > 1]
+    if scaled:
+        _say(f"one server per tier: replicas of {', '.join(scaled)} are for deploy kubernetes")
     device = "cuda" if has_nvidia_gpu() else "cpu"
     launches = resolve_tiers(
         spec.model_copy(update={"model_name": name}),

@@ -8,6 +8,7 @@ watches the folder and follows kubelet's ``..data`` symlink swap without a resta
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -59,19 +60,19 @@ def redis_url(options: KubeOptions) -> str:
 
 
 def gateway_config(
-    model_name: str, launches: list[TierLaunch], options: KubeOptions
+    model_name: str,
+    launches: list[TierLaunch],
+    options: KubeOptions,
+    replicas: Mapping[str, int] | None = None,
 ) -> GatewayConfig:
     """The gateway ``up`` would run, in the cluster: each tier at its headless Service with its
     real max_model_len, the first tier's variant as tokenizer (all variants share it), Redis, a
-    per-key rate limit. No key in it: the environment (the Secret) adds them."""
-    tiers = [
-        TierEndpoint(
-            name=t.name,
-            base_url=f"http://{tier_service_name(t.name)}:{t.port}",
-            max_model_len=t.max_model_len,
-        )
-        for t in launches
-    ]
+    per-key rate limit. No key in it: the environment (the Secret) adds them.
+
+    A tier of one pod is ``base_url`` (one server: drained and reset as a whole); a tier of
+    more (``replicas``, name → pods) is a pool, ``dns:`` its headless Service, whose name the
+    gateway resolves again every ``dns_interval`` to every ready pod."""
+    tiers = [_endpoint(t, (replicas or {}).get(t.name, 1)) for t in launches]
     return GatewayConfig(
         model_name=model_name,
         tiers=tiers,
@@ -82,10 +83,24 @@ def gateway_config(
     )
 
 
+def _endpoint(launch: TierLaunch, replicas: int) -> TierEndpoint:
+    address = f"{tier_service_name(launch.name)}:{launch.port}"
+    if replicas > 1:  # base_url comes from the name (gateway/config.py)
+        pool = {"name": launch.name, "dns": address, "max_model_len": launch.max_model_len}
+        return TierEndpoint.model_validate(pool)
+    return TierEndpoint(
+        name=launch.name, base_url=f"http://{address}", max_model_len=launch.max_model_len
+    )
+
+
 def config_text(config: GatewayConfig) -> str:
     data = config.model_dump(mode="json", exclude_defaults=True)
-    # Each tier's max_model_len always, even the default one: the gateway must know it.
-    data["tiers"] = [t.model_dump(mode="json", exclude_none=True) for t in config.tiers]
+    # Each tier's max_model_len always, even the default one: the gateway must know it. A dns
+    # tier without the base_url derived from its name (it loads back either way).
+    data["tiers"] = [
+        t.model_dump(mode="json", exclude_none=True, exclude={"base_url"} if t.dns else None)
+        for t in config.tiers
+    ]
     return yaml.safe_dump(data, sort_keys=False)
 
 

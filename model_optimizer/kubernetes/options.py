@@ -27,6 +27,8 @@ class KubeOptions:
     ``shape``: ``per-tier`` is one Deployment per tier, each with its own ``nvidia.com/gpu``;
     ``co-located`` is the three tiers as containers of one pod sharing one GPU (claimed through
     dynamic resource allocation from ``gpu_device_class``), with the spec's memory fractions.
+    ``inference_pools`` adds one Gateway API Inference Extension ``InferencePool`` per tier,
+    naming the endpoint picker ``tier-<name>-epp`` on ``endpoint_picker_port`` (not rendered).
     """
 
     namespace: str = "model-optimizer"
@@ -41,6 +43,8 @@ class KubeOptions:
     variants_claim: str = "model-optimizer-variants"
     gpu_device_class: str = "gpu.nvidia.com"
     rate_limit_per_minute: int = 600
+    inference_pools: bool = False
+    endpoint_picker_port: int = 9002
 
     def __post_init__(self) -> None:
         for option in ("namespace", "secret_name", "variants_claim"):
@@ -61,6 +65,8 @@ class KubeOptions:
             )
         if self.rate_limit_per_minute < 1:
             raise OptionsError("rate_limit_per_minute: must be at least 1")
+        if not 1 <= self.endpoint_picker_port <= 65535:
+            raise OptionsError(f"endpoint_picker_port: {self.endpoint_picker_port} is not a port")
         if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://")):
             raise OptionsError("redis_url: must start with redis:// or rediss://")
         for option in ("image", "tier_image", "engine"):

@@ -1,7 +1,7 @@
 """The whole deployment as a list of manifests: spec + variants' facts + files + options (pure).
 
-Order is apply order: the Namespace, then Redis, the tiers and the gateway, each with what its
-pods mount before the pods.
+Order is apply order: the Namespace, then Redis, the tiers (and their InferencePools, when
+asked for) and the gateway, each with what its pods mount before the pods.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from backends.spec import DeploymentSpec, VariantInfo
 from model_optimizer.kubernetes.gateway import gateway_config, gateway_objects, redis_objects
 from model_optimizer.kubernetes.objects import APP, NAME_LABEL, Manifest
 from model_optimizer.kubernetes.options import KubeOptions
+from model_optimizer.kubernetes.pools import inference_pools
 from model_optimizer.kubernetes.tiers import tier_launches, tier_objects
 
 
@@ -33,7 +34,8 @@ def render(
     """Every object, in apply order. ``SpecError`` when the spec cannot run on cuda with these
     variants (the checks ``up`` makes: fractions below 1, a passed variant for the engine)."""
     launches = tier_launches(spec, variants, options)
-    config = gateway_config(spec.model_name, launches, options)
+    replicas: dict[str, int] = {tier.name: tier.replicas for tier in spec.tiers}
+    config = gateway_config(spec.model_name, launches, options, replicas)
     namespace: Manifest = {
         "apiVersion": "v1",
         "kind": "Namespace",
@@ -43,5 +45,6 @@ def render(
         namespace,
         *redis_objects(options),
         *tier_objects(spec, launches, sources.guard_text, options),
+        *inference_pools(launches, options),
         *gateway_objects(config, sources.policy_text, options),
     ]

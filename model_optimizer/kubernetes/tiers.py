@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from backends.spec import DeploymentSpec, VariantInfo, plan_tiers
+from backends.spec import DeploymentSpec, VariantInfo, plan_tiers, spec_error
 from backends.vllm_args import GUARD, GUARD_KEY_ENV, TierLaunch, build_argv, build_env
 from model_optimizer.kubernetes.objects import (
     GUARD_MAP,
@@ -48,8 +48,13 @@ GUARD_PACKAGE, GUARD_FILE = GUARD.rsplit(".", 2)[0], GUARD.rsplit(".", 2)[1] + "
 def tier_launches(
     spec: DeploymentSpec, variants: Mapping[str, VariantInfo], options: KubeOptions
 ) -> list[TierLaunch]:
-    """``plan_tiers`` on cuda against the tier image's engine; the variant folders as mounted."""
+    """``plan_tiers`` on cuda against the tier image's engine; the variant folders as mounted.
+    A tier of more than one replica needs the per-tier shape (the co-located pod holds all)."""
     launches = plan_tiers(spec, variants, "cuda", options.engine, 1)
+    for i, tier in enumerate(spec.tiers):
+        if tier.replicas > 1 and options.shape != "per-tier":
+            message = f"{tier.replicas} replicas need --shape per-tier (one pod holds every tier)"
+            raise spec_error(spec, ("tiers", i, "replicas"), message)
     folders: dict[str, str] = {tier.name: tier.variant for tier in spec.tiers}
     return [
         dataclasses.replace(
@@ -70,14 +75,17 @@ def tier_objects(
     spec: DeploymentSpec, launches: list[TierLaunch], guard_text: str, options: KubeOptions
 ) -> list[Manifest]:
     """The tier guard's ConfigMap, the tiers' pods, a headless Service per tier, the
-    NetworkPolicy, and for the co-located shape the GPU's ResourceClaimTemplate."""
+    NetworkPolicy, for the co-located shape the GPU's ResourceClaimTemplate, and for a tier of
+    more than one replica a PodDisruptionBudget (one of its pods down at a time)."""
     ns = options.namespace
     objects: list[Manifest] = [guard_map(guard_text, ns)]
+    replicas: dict[str, int] = {tier.name: tier.replicas for tier in spec.tiers}
     if options.shape == "per-tier":
         for launch in launches:
             container = tier_container(spec, launch, options, port_name="http")
             container["resources"] = {"requests": {GPU: 1}, "limits": {GPU: 1}}
-            objects.append(_deployment(launch.name, [container], {}, guard_text, options))
+            deployment = _deployment(launch.name, [container], {}, guard_text, options)
+            objects.append(_scaled(deployment, replicas[launch.name]))
     else:
         objects.append(gpu_claim_template(options))
         containers = []
@@ -96,6 +104,9 @@ def tier_objects(
     objects.append(
         only_gateway_in("tiers-from-gateway-only", ns, labels(TIER), [t.port for t in launches])
     )
+    for launch in launches:
+        if replicas[launch.name] > 1:
+            objects.append(_disruption_budget(launch.name, options.namespace))
     return objects
 
 
@@ -236,4 +247,24 @@ def _deployment(
                 },
             },
         },
+    }
+
+
+def _scaled(deployment: Manifest, replicas: int) -> Manifest:
+    """A tier Deployment of ``replicas`` pods. Above one, updates roll one pod at a time and
+    never add one first (``maxSurge: 0``: each pod holds a GPU), so the pool keeps serving."""
+    if replicas > 1:
+        deployment["spec"]["replicas"] = replicas
+        rolling = {"maxSurge": 0, "maxUnavailable": 1}
+        deployment["spec"]["strategy"] = {"type": "RollingUpdate", "rollingUpdate": rolling}
+    return deployment
+
+
+def _disruption_budget(tier: str, namespace: str) -> Manifest:
+    """At most one pod of a scaled tier voluntarily down at a time (a node drain)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": meta(tier_service_name(tier), namespace, TIER, tier),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels(TIER, tier)}},
     }

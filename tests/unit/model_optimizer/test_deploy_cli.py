@@ -15,6 +15,7 @@ from model_optimizer.kubernetes.options import KubeOptions
 ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = ROOT / "deploy" / "kubernetes" / "manifests"
 FACTS = ROOT / "deploy" / "kubernetes" / "default-variants"
+TIERS = ("fp16", "int8", "int4")
 RENDER_AGAIN = (
     "./mo deploy kubernetes --spec policies/deploy/tiers.yaml "
     "--variants deploy/kubernetes/default-variants --output deploy/kubernetes/manifests"
@@ -46,6 +47,19 @@ def test_the_command_writes_what_render_files_renders(
     expected = render_files(DEFAULT_SPEC, FACTS, DEFAULT_POLICY, KubeOptions(shape="co-located"))
     assert _tree(out) == expected
     assert [p.name for p in tmp_path.iterdir()] == ["k8s"]  # no staging folder left behind
+
+
+def test_inference_pools_are_written_when_asked_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "k8s"
+    args = ("--inference-pools", "--endpoint-picker-port", "9100")
+    assert _run("--variants", str(FACTS), "--output", str(out), *args) == 0
+    assert "wrote 21 objects" in capsys.readouterr().out
+    pools = sorted(name for name in _tree(out) if "-inferencepool-" in name)
+    assert [name[3:] for name in pools] == [f"inferencepool-tier-{t}.yaml" for t in TIERS]
+    options = KubeOptions(inference_pools=True, endpoint_picker_port=9100)
+    assert _tree(out) == render_files(DEFAULT_SPEC, FACTS, DEFAULT_POLICY, options)
 
 
 def test_a_bad_spec_is_one_line_naming_file_line_and_field(

@@ -300,8 +300,99 @@ def test_the_cuda_checks_of_up_hold() -> None:
         ({"gateway_replicas": 4, "max_gateway_replicas": 3}, "max_gateway_replicas"),
         ({"redis_url": "http://x"}, "redis_url"),
         ({"shape": "sideways"}, "shape"),
+        ({"endpoint_picker_port": 0}, "endpoint_picker_port"),
     ],
 )
 def test_bad_options_name_the_option(options: dict[str, Any], message: str) -> None:
     with pytest.raises(OptionsError, match=f"^{message}:"):
         KubeOptions(**options)
+
+
+SCALED = SPEC.replace("max_model_len: 1024}", "max_model_len: 1024, replicas: 3}")
+
+
+def test_a_scaled_tier_is_a_pool_behind_its_headless_service() -> None:
+    objects = _render(SCALED)
+    int8, fp16 = _one(objects, "Deployment", "tier-int8"), _one(objects, "Deployment", "tier-fp16")
+    assert int8["spec"]["replicas"] == 3
+    # One pod at a time, none added first (each holds a GPU): the pool keeps serving.
+    assert int8["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
+    assert fp16["spec"]["replicas"] == 1 and fp16["spec"]["strategy"] == {"type": "Recreate"}
+    text = _one(objects, "ConfigMap", "gateway-config")["data"]["gateway.yaml"]
+    tiers = {t["name"]: t for t in yaml.safe_load(text)["tiers"]}
+    assert tiers["int8"] == {"name": "int8", "dns": "http://tier-int8:8102", "max_model_len": 1024}
+    assert tiers["fp16"] == {
+        "name": "fp16",
+        "base_url": "http://tier-fp16:8101",
+        "max_model_len": 2048,
+    }
+    config = {t.name: t for t in GatewayConfig.model_validate(yaml.safe_load(text)).tiers}
+    assert config["int8"].dns == "http://tier-int8:8102" and config["fp16"].dns is None
+    # The name the gateway resolves is the headless Service that selects the tier's pods.
+    service = _one(objects, "Service", "tier-int8")["spec"]
+    assert service["clusterIP"] == "None" and service["ports"][0]["port"] == 8102
+    assert _selects(service["selector"], int8["spec"]["template"]["metadata"]["labels"])
+    assert not service.get("publishNotReadyAddresses")  # only ready pods are resolved
+    # A drain takes one pod of the pool at a time, and only the scaled tier has a budget.
+    [budget] = [
+        b for b in _of(objects, "PodDisruptionBudget") if b["metadata"]["name"] != "gateway"
+    ]
+    assert budget["metadata"]["name"] == "tier-int8" and budget["spec"]["maxUnavailable"] == 1
+    chosen = [
+        p["metadata"]["labels"].get("model-optimizer/tier")
+        for p in _pods(objects)
+        if _selects(budget["spec"]["selector"]["matchLabels"], p["metadata"]["labels"])
+    ]
+    assert chosen == ["int8"]
+
+
+def test_one_replica_renders_as_before() -> None:
+    one = SPEC.replace("max_model_len: 1024}", "max_model_len: 1024, replicas: 1}")
+    assert _render(one) == _render()
+
+
+def test_replicas_are_refused_where_they_cannot_run() -> None:
+    with pytest.raises(SpecError, match=r"^t\.yaml:5: tiers\[1\]\.replicas: 3 replicas need"):
+        _render(SCALED, shape="co-located")
+    with pytest.raises(SpecError, match=r"^t\.yaml:5: tiers\[1\]\.replicas: "):
+        _render(SCALED.replace("replicas: 3", "replicas: 0"))
+
+
+def test_inference_pools_are_opt_in_and_select_each_tiers_pods() -> None:
+    assert not _of(_render(), "InferencePool")
+    objects = _render(inference_pools=True, endpoint_picker_port=9100)
+    pools = {p["metadata"]["name"]: p for p in _of(objects, "InferencePool")}
+    assert sorted(pools) == ["tier-fp16", "tier-int4", "tier-int8"]
+    for name, port in PORTS.items():
+        pool = pools[f"tier-{name}"]
+        assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
+        spec = pool["spec"]
+        assert spec["targetPorts"] == [{"number": port}]
+        assert spec["endpointPickerRef"] == {"name": f"tier-{name}-epp", "port": {"number": 9100}}
+        chosen = [
+            p
+            for p in _pods(objects)
+            if _selects(spec["selector"]["matchLabels"], p["metadata"]["labels"])
+        ]
+        assert [p["metadata"]["labels"]["model-optimizer/tier"] for p in chosen] == [name]
+        assert port in {c["containerPort"] for c in chosen[0]["spec"]["containers"][0]["ports"]}
+    # The rest is the default rendering: the gateway still chooses the tier itself.
+    assert [o for o in objects if o["kind"] != "InferencePool"] == _render()
+
+
+def test_co_located_inference_pools_tell_the_tiers_apart_by_port() -> None:
+    objects = _render(shape="co-located", inference_pools=True)
+    [pod] = [
+        p
+        for p in _pods(objects)
+        if p["metadata"]["labels"].get("app.kubernetes.io/component") == "tier"
+    ]
+    for pool in _of(objects, "InferencePool"):
+        spec = pool["spec"]
+        assert _selects(spec["selector"]["matchLabels"], pod["metadata"]["labels"])
+        tier = pool["metadata"]["name"].removeprefix("tier-")
+        [container] = [c for c in pod["spec"]["containers"] if c["name"] == tier]
+        assert spec["targetPorts"] == [{"number": container["ports"][0]["containerPort"]}]
