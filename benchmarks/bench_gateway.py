@@ -1,7 +1,7 @@
 """Gateway overhead benchmark: our gateway and LiteLLM's proxy against the upstream, in one run.
 
     ./mo setup && $(python3 -m model_optimizer.envs path gateway)/bin/python \\
-        benchmarks/bench_gateway.py [--quick] [--concurrency 8] [--requests 400] [--rounds 3] \\
+        benchmarks/bench_gateway.py [--quick] [--concurrency 1,16] [--requests 400] [--rounds 3] \\
         [--modes chat,stream] [--rates 50,100,200,400,800] [--step-seconds 3] \\
         [--upstream URL] [--no-litellm] [--no-redis] [--json PATH] [--keep]
 
@@ -60,6 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backends.process import free_port  # noqa: E402
+from benchmarks.http_load import LoadError, Pool, post_bytes  # noqa: E402
 from gateway.policy.schema import load_policy  # noqa: E402
 from measure.serving_stats import percentile  # noqa: E402
 from model_optimizer.envs import cache_root  # noqa: E402
@@ -469,6 +470,7 @@ class Sample:
 class Batch:
     target: str
     mode: str
+    concurrency: int
     round: int
     requests: int
     failures: int
@@ -507,66 +509,67 @@ def request_body(model: str, stream: bool, max_tokens: int) -> bytes:
 HEADERS = {"content-type": "application/json", "authorization": "Bearer unused"}
 
 
-async def one_request(
-    client: httpx.AsyncClient, url: str, body: bytes, stream: bool, errors: Counter[str]
-) -> Sample:
+def request_bytes(base_url: str, body: bytes) -> bytes:
+    """The whole POST to ``base_url``'s chat completions, as the load client writes it."""
+    host, _, port = base_url.removeprefix("http://").partition(":")
+    return post_bytes(host, int(port), "/v1/chat/completions", body, HEADERS)
+
+
+def new_pool(url: str, connections: int, timeout: float) -> Pool:
+    host, _, port = url.removeprefix("http://").partition(":")
+    return Pool(host, int(port.split("/")[0]), connections, timeout)
+
+
+async def one_request(pool: Pool, raw: bytes, stream: bool, errors: Counter[str]) -> Sample:
     started = time.perf_counter()
     try:
-        if not stream:
-            resp = await client.post(url, content=body, headers=HEADERS)
-            done = time.perf_counter()
-            ok = resp.status_code == 200 and b'"choices"' in resp.content
-            if not ok:
-                errors[f"HTTP {resp.status_code}: {resp.text[:120]}"] += 1
-            return Sample(done - started, done - started, ok)
-        first = 0.0
-        tail = b""
-        async with client.stream("POST", url, content=body, headers=HEADERS) as resp:
-            async for part in resp.aiter_raw():
-                if not first and part:
-                    first = time.perf_counter()
-                tail = (tail + part)[-64:]
-        done = time.perf_counter()
-        ok = resp.status_code == 200 and b"[DONE]" in tail
-        if not ok:
-            errors[f"HTTP {resp.status_code}, stream tail {tail[-40:]!r}"] += 1
-        return Sample((first or done) - started, done - started, ok)
-    except httpx.HTTPError as exc:
+        answer = await pool.request(raw)
+    except (LoadError, OSError, TimeoutError, ValueError, asyncio.IncompleteReadError) as exc:
         errors[f"{type(exc).__name__}: {str(exc)[:120]}"] += 1
         done = time.perf_counter()
         return Sample(done - started, done - started, False)
-
-
-def new_client(connections: int, timeout: float) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    return httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+    if stream:
+        ok = answer.status == 200 and b"[DONE]" in answer.tail
+    else:
+        ok = answer.status == 200 and answer.tail.rstrip().endswith(b"}")
+    if not ok:
+        errors[f"HTTP {answer.status}, body tail {answer.tail[-40:]!r}"] += 1
+    first = (answer.first if stream else answer.done) - started
+    return Sample(first, answer.done - started, ok)
 
 
 async def closed_batch(
-    target: Target, mode: str, rnd: int, args: argparse.Namespace, count: int | None = None
+    target: Target,
+    mode: str,
+    concurrency: int,
+    rnd: int,
+    args: argparse.Namespace,
+    count: int | None = None,
 ) -> Batch:
-    """``count`` requests at ``args.concurrency`` in flight, within ``args.batch_timeout``."""
+    """``count`` requests at ``concurrency`` in flight, within ``args.batch_timeout``."""
     total = count if count is not None else args.requests
     stream = mode == "stream"
-    body = request_body(args.model, stream, args.max_tokens)
-    url = f"{target.url}/v1/chat/completions"
+    raw = request_bytes(target.url, request_body(args.model, stream, args.max_tokens))
     errors: Counter[str] = Counter()
     samples: list[Sample] = []
     issued = 0
     deadline = time.perf_counter() + args.batch_timeout
-    async with new_client(args.concurrency, args.request_timeout) as client:
+    pool = new_pool(target.url, concurrency, args.request_timeout)
+    try:
 
         async def worker() -> None:
             nonlocal issued
             while issued < total and time.perf_counter() < deadline:
                 issued += 1
-                samples.append(await one_request(client, url, body, stream, errors))
+                samples.append(await one_request(pool, raw, stream, errors))
 
         cpu_before = tree_cpu(target.pid)
         started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - started
         cpu = tree_cpu(target.pid) - cpu_before
+    finally:
+        pool.close()
     good = [s for s in samples if s.ok]
     missing = total - len(samples)
     if missing:
@@ -574,6 +577,7 @@ async def closed_batch(
     return Batch(
         target=target.name,
         mode=mode,
+        concurrency=concurrency,
         round=rnd,
         requests=total,
         failures=total - len(good),
@@ -588,15 +592,15 @@ async def closed_batch(
 async def open_step(target: Target, rate: int, args: argparse.Namespace) -> Step:
     """``rate`` requests a second for ``args.step_seconds``, sent on schedule whatever answers."""
     count = max(1, round(rate * args.step_seconds))
-    body = request_body(args.model, False, args.max_tokens)
-    url = f"{target.url}/v1/chat/completions"
+    raw = request_bytes(target.url, request_body(args.model, False, args.max_tokens))
     errors: Counter[str] = Counter()
     latencies: list[float] = []
     ends: list[float] = []
-    async with new_client(args.max_connections, args.request_timeout) as client:
+    pool = new_pool(target.url, args.max_connections, args.request_timeout)
+    try:
 
         async def fire(at: float) -> None:
-            sample = await one_request(client, url, body, False, errors)
+            sample = await one_request(pool, raw, False, errors)
             if sample.ok:
                 end = time.perf_counter()
                 latencies.append(end - at)  # from the scheduled time: client lag counts
@@ -616,6 +620,8 @@ async def open_step(target: Target, rate: int, args: argparse.Namespace) -> Step
         if pending:
             errors["unanswered at the end of the step"] += len(pending)
             await asyncio.gather(*pending, return_exceptions=True)
+    finally:
+        pool.close()
     duration = max(args.step_seconds, (max(ends) - t0) if ends else args.step_seconds)
     achieved = len(latencies) / duration
     ms = [x * 1000 for x in latencies]
@@ -633,25 +639,27 @@ async def run_load(
     targets: list[Target], args: argparse.Namespace
 ) -> tuple[list[Batch], list[Step]]:
     live = [t for t in targets if not t.skipped]
+    top = max(args.concurrency)
     for target in live:  # warm-up (connections, caches, lazy imports), not recorded
         for mode in args.modes:
-            warm = await closed_batch(target, mode, -1, args, count=4 * args.concurrency)
+            warm = await closed_batch(target, mode, top, -1, args, count=4 * top)
             if warm.failures:
                 say(f"warm-up {target.name} {mode}: {warm.failures} failures {warm.errors}")
     batches: list[Batch] = []
     for rnd in range(args.rounds):
         for mode in args.modes:
-            for target in rotated(live, rnd):
-                batch = await closed_batch(target, mode, rnd, args)
-                batches.append(batch)
-                rate = (batch.requests - batch.failures) / batch.wall_s
-                p50 = percentile(batch.first_ms, 50, empty=math.nan)
-                p99 = percentile(batch.first_ms, 99, empty=math.nan)
-                say(
-                    f"round {rnd + 1}/{args.rounds} {mode:6} {target.name:18} "
-                    f"p50 {p50:6.2f} ms  p99 {p99:6.2f}"
-                    f" ms  {rate:6.0f} req/s  fail {batch.failures}"
-                )
+            for level in args.concurrency:
+                for target in rotated(live, rnd):
+                    batch = await closed_batch(target, mode, level, rnd, args)
+                    batches.append(batch)
+                    rate = (batch.requests - batch.failures) / batch.wall_s
+                    p50 = percentile(batch.first_ms, 50, empty=math.nan)
+                    p99 = percentile(batch.first_ms, 99, empty=math.nan)
+                    say(
+                        f"round {rnd + 1}/{args.rounds} {mode:6} c={level:<3} {target.name:18} "
+                        f"p50 {p50:6.2f} ms  p99 {p99:6.2f}"
+                        f" ms  {rate:6.0f} req/s  fail {batch.failures}"
+                    )
     steps: list[Step] = []
     climbing = list(live)
     for i, rate in enumerate(args.rates):
@@ -675,11 +683,20 @@ async def run_load(
 
 
 def summarize(
-    targets: list[Target], batches: list[Batch], steps: list[Step], mode: str, rates: list[int]
+    targets: list[Target],
+    batches: list[Batch],
+    steps: list[Step],
+    mode: str,
+    concurrency: int,
+    rates: list[int],
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for target in targets:
-        mine = [b for b in batches if b.target == target.name and b.mode == mode]
+        mine = [
+            b
+            for b in batches
+            if b.target == target.name and b.mode == mode and b.concurrency == concurrency
+        ]
         if target.skipped or not mine:
             rows.append({"target": target.name, "skipped": target.skipped or "no data"})
             continue
@@ -719,8 +736,9 @@ def steps_rates(steps: list[Step]) -> list[int]:
     return sorted({s.rate for s in steps})
 
 
-def render(rows: list[dict[str, Any]], mode: str, with_rates: bool) -> str:
+def render(rows: list[dict[str, Any]], mode: str, concurrency: int, with_rates: bool) -> str:
     what = "whole answer" if mode == "chat" else "time to first byte"
+    what += f", concurrency {concurrency}"
     head = (
         f"| target | p50 ms | p99 ms | mean ms | added p50 ms | added p99 ms | req/s "
         f"| CPU ms/req | failures |{' max held rate |' if with_rates else ''}"
@@ -747,6 +765,32 @@ def render(rows: list[dict[str, Any]], mode: str, with_rates: bool) -> str:
             f"| {r['target']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['mean_ms']:.2f} "
             f"| {added} | {r['req_s']:.0f} | {r['cpu_ms_per_req']:.2f} | {r['failures']} |{rate}"
         )
+    return "\n".join(lines) + "\n"
+
+
+def against_targets(tables: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> str:
+    """The issue's targets: the gateway's req/s over LiteLLM's at the highest concurrency
+    (>= 5x), and its added p50 at the lowest (<= 1 ms), per mode, from this run's tables."""
+    lines = ["against the targets (gateway with Redis; this run):", ""]
+    low, high = min(args.concurrency), max(args.concurrency)
+    for mode in args.modes:
+        rows = {r["target"]: r for r in tables[f"{mode}@{high}"] if "req_s" in r}
+        ours, theirs = rows.get(GATEWAY), rows.get(LITELLM)
+        if ours and theirs and theirs["req_s"] > 0:
+            ratio = ours["req_s"] / theirs["req_s"]
+            verdict = "met" if ratio >= 5 else "NOT met"
+            lines.append(
+                f"- {mode}, concurrency {high}: {ours['req_s']:.0f} vs LiteLLM's "
+                f"{theirs['req_s']:.0f} req/s = {ratio:.2f}x (target >= 5x: {verdict})"
+            )
+        low_rows = {r["target"]: r for r in tables[f"{mode}@{low}"] if "added_p50_ms" in r}
+        if GATEWAY in low_rows:
+            added = low_rows[GATEWAY]["added_p50_ms"]
+            verdict = "met" if added <= 1.0 else "NOT met"
+            lines.append(
+                f"- {mode}, concurrency {low}: added p50 {added:+.2f} ms (target <= 1 ms: "
+                f"{verdict})"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -781,7 +825,9 @@ def render_steps(targets: list[Target], steps: list[Step]) -> str:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short run (~1 minute of load)")
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--concurrency", default="1,16", help="closed-loop levels, comma separated (1,16)"
+    )
     parser.add_argument("--requests", type=int, help="per target, mode and round (default 400)")
     parser.add_argument("--rounds", type=int, help="default 3")
     parser.add_argument("--modes", default="chat,stream", help="chat, stream or both")
@@ -812,8 +858,14 @@ def parse_args() -> argparse.Namespace:
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not args.modes or any(m not in MODES for m in args.modes):
         parser.error(f"--modes: give one or more of {', '.join(MODES)}")
-    if args.concurrency < 1 or args.requests < 1 or args.rounds < 1 or not args.rates:
-        parser.error("--concurrency, --requests, --rounds and --rates must be positive")
+    try:
+        args.concurrency = sorted({int(c) for c in args.concurrency.split(",") if c.strip()})
+    except ValueError:
+        parser.error(f"--concurrency: comma separated integers, not {args.concurrency!r}")
+    if not args.concurrency or min(args.concurrency) < 1:
+        parser.error("--concurrency: give one or more levels >= 1")
+    if args.requests < 1 or args.rounds < 1 or not args.rates:
+        parser.error("--requests, --rounds and --rates must be positive")
     return args
 
 
@@ -950,13 +1002,20 @@ def report(
     notes: list[str],
     loads: list[tuple[float, float, float]],
 ) -> None:
-    tables = {mode: summarize(targets, batches, steps, mode, args.rates) for mode in args.modes}
-    for i, mode in enumerate(args.modes):
-        print(render(tables[mode], mode, with_rates=i == 0))
+    tables = {
+        f"{mode}@{level}": summarize(targets, batches, steps, mode, level, args.rates)
+        for mode in args.modes
+        for level in args.concurrency
+    }
+    for i, (name, rows) in enumerate(tables.items()):
+        mode, level = name.split("@")
+        print(render(rows, mode, int(level), with_rates=i == 0))
+    print(against_targets(tables, args))
     print(render_steps(targets, steps))
     print("parameters:")
     print(
-        f"- closed loop: concurrency {args.concurrency}, {args.requests} requests per target, "
+        f"- closed loop: concurrency {', '.join(map(str, args.concurrency))}, {args.requests}"
+        " requests per target, "
         f"mode and round, {args.rounds} rounds (target order rotated each round), "
         f"max_tokens {args.max_tokens}, prompt {PROMPT!r}"
     )

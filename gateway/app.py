@@ -42,6 +42,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.openapi import openapi_document
 from gateway.policy.derive import TierFigures
 from gateway.policy.store import ActivePolicy, PolicyStore
+from gateway.request.aiohttp_transport import AiohttpTransport
 from gateway.request.classify import CompiledClasses
 from gateway.request.limits import TokenCounter
 from gateway.request.plan import ByteCounter, PromptCounter
@@ -87,15 +88,12 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         policies = load_policies(config)
         counter = load_counter(config)
-        timeout = httpx.Timeout(config.read_timeout, connect=config.connect_timeout)
-        # No pool cap: admission control belongs to the router, not to a hidden pool limit.
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=20)
         shared = SharedState(
             config.redis_url,
             prefix=config.redis_prefix,
             flush_delay=config.shared_flush_interval,
         )
-        async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
+        async with upstream_client(config) as client:
             await shared.start()
             upstream, board = Upstream(client), TierBoard(config.tiers, supervisor_states)
             tracer = provider.get_tracer("model_optimizer.gateway")
@@ -185,6 +183,17 @@ def create_app(
     )
     app.state.config = config
     return app
+
+
+def upstream_client(config: GatewayConfig) -> httpx.AsyncClient:
+    """The one client to the tiers, over the configured transport; no pool cap: admission
+    control belongs to the router, not to a hidden pool limit."""
+    timeout = httpx.Timeout(config.read_timeout, connect=config.connect_timeout)
+    if config.upstream_transport == "aiohttp":
+        transport = AiohttpTransport(keepalive=5.0)
+        return httpx.AsyncClient(timeout=timeout, transport=transport, trust_env=False)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=20)
+    return httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
 
 
 def load_policies(config: GatewayConfig) -> PolicySource:

@@ -1,0 +1,141 @@
+"""An httpx transport over aiohttp's client: the gateway keeps httpx's API (gateway/request/
+upstream.py) and sends through aiohttp's connection pool and C HTTP parser, which cost about
+a third less CPU per proxied request than httpcore on this machine (docs/benchmarks.md).
+
+Why not PyPI's ``httpx-aiohttp``: its exception map turns every aiohttp connection error into
+``httpx.ConnectTimeout`` (a server that dropped the connection mid-answer included), and the
+gateway decides from the exception's type whether a request may be sent again elsewhere. Here
+each aiohttp error becomes the httpx error httpcore raises for the same event:
+
+- cannot connect (refused, unreachable, no such name) → ``ConnectError``; connect timed out →
+  ``ConnectTimeout``
+- the server closed before or during the answer's head → ``RemoteProtocolError``; reset →
+  ``ReadError``
+- no byte within the read timeout → ``ReadTimeout``
+- the body cut short (a chunked stream that never ended) → ``RemoteProtocolError``; reset
+  mid-body → ``ReadError``
+- a malformed answer → ``RemoteProtocolError``
+
+Bodies are relayed as they arrive, undecoded (``auto_decompress`` off). Timeouts come from each
+request's httpx timeout (connect and read; aiohttp has no separate write or pool timeout).
+The aiohttp session is opened on first use, in the running event loop, and closed by
+``aclose`` (httpx's client closes its transport).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+
+import aiohttp
+import httpx
+
+CHUNK = 64 * 1024
+
+
+@contextmanager
+def httpx_errors(request: httpx.Request) -> Iterator[None]:
+    """Raise aiohttp's client errors as the httpx errors httpcore raises for the same event."""
+    try:
+        yield
+    except aiohttp.ConnectionTimeoutError as exc:
+        raise httpx.ConnectTimeout(str(exc) or "connect timed out", request=request) from exc
+    except aiohttp.ClientConnectorError as exc:
+        raise httpx.ConnectError(str(exc), request=request) from exc
+    except (aiohttp.SocketTimeoutError, aiohttp.ServerTimeoutError) as exc:
+        raise httpx.ReadTimeout(str(exc) or "read timed out", request=request) from exc
+    except aiohttp.ServerDisconnectedError as exc:
+        message = "Server disconnected without sending a response."
+        raise httpx.RemoteProtocolError(message, request=request) from exc
+    except aiohttp.ClientPayloadError as exc:
+        if _reset(exc):
+            raise httpx.ReadError(str(exc), request=request) from exc
+        message = f"peer closed connection without sending complete message body ({exc})"
+        raise httpx.RemoteProtocolError(message, request=request) from exc
+    except aiohttp.ClientOSError as exc:
+        raise httpx.ReadError(str(exc), request=request) from exc
+    except aiohttp.ClientResponseError as exc:
+        raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+    except aiohttp.ClientError as exc:
+        raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from exc
+    except TimeoutError as exc:  # asyncio's own, from a timeout aiohttp did not wrap
+        raise httpx.ReadTimeout("timed out", request=request) from exc
+
+
+def _reset(exc: BaseException) -> bool:
+    """Whether a connection reset lies under ``exc`` (aiohttp names the one that cut a body
+    short only in its message)."""
+    if "ConnectionResetError" in str(exc):
+        return True
+    seen: BaseException | None = exc
+    for _ in range(8):
+        seen = seen.__cause__ or seen.__context__ if seen is not None else None
+        if seen is None:
+            return False
+        if isinstance(seen, OSError):
+            return True
+    return False
+
+
+class _Body(httpx.AsyncByteStream):
+    """An aiohttp response's body as httpx reads a streamed one."""
+
+    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
+        self._response, self._request = response, request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        with httpx_errors(self._request):
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+
+    async def aclose(self) -> None:
+        self._response.release()  # back to the pool if read whole; closed if not
+
+
+class AiohttpTransport(httpx.AsyncBaseTransport):
+    """HTTP/1.1 over aiohttp (see the module docstring). ``keepalive`` seconds an idle
+    connection is kept; no cap on connections (admission control is the router's)."""
+
+    def __init__(self, keepalive: float = 5.0) -> None:
+        self._keepalive = keepalive
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=self._keepalive)
+            self._session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=False, trust_env=False
+            )
+        return self._session
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        timeouts = request.extensions.get("timeout", {})
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=timeouts.get("connect"), sock_read=timeouts.get("read")
+        )
+        body = await request.aread()
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
+        with httpx_errors(request):
+            response = await self._open().request(
+                request.method,
+                str(request.url),
+                data=body or None,
+                headers=headers,
+                timeout=timeout,
+                allow_redirects=False,
+                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+                read_bufsize=CHUNK,
+            )
+        return httpx.Response(
+            response.status,
+            headers=[(k, v) for k, v in response.raw_headers],
+            stream=_Body(response, request),
+            extensions={"http_version": b"HTTP/1.1"},
+        )
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+            await asyncio.sleep(0)  # let aiohttp's connection close callbacks run
