@@ -457,6 +457,15 @@ class Target:
     url: str = ""  # base URL, without /v1
     pid: int | None = None  # server process, for its CPU time
     skipped: str = ""  # why it was not run
+    more: list[tuple[str, int]] = field(default_factory=list)  # more processes: (url, pid)
+
+    @property
+    def urls(self) -> list[str]:
+        """Every process's URL; the load alternates between them, as a Service would."""
+        return [self.url, *(url for url, _ in self.more)]
+
+    def cpu(self) -> float:
+        return sum(tree_cpu(pid) for pid in [self.pid, *(pid for _, pid in self.more)])
 
 
 @dataclass
@@ -549,27 +558,30 @@ async def closed_batch(
     """``count`` requests at ``concurrency`` in flight, within ``args.batch_timeout``."""
     total = count if count is not None else args.requests
     stream = mode == "stream"
-    raw = request_bytes(target.url, request_body(args.model, stream, args.max_tokens))
+    body = request_body(args.model, stream, args.max_tokens)
+    raws = [request_bytes(url, body) for url in target.urls]
     errors: Counter[str] = Counter()
     samples: list[Sample] = []
     issued = 0
     deadline = time.perf_counter() + args.batch_timeout
-    pool = new_pool(target.url, concurrency, args.request_timeout)
+    pools = [new_pool(url, concurrency, args.request_timeout) for url in target.urls]
     try:
 
-        async def worker() -> None:
+        async def worker(i: int) -> None:
             nonlocal issued
+            pool, raw = pools[i % len(pools)], raws[i % len(pools)]
             while issued < total and time.perf_counter() < deadline:
                 issued += 1
                 samples.append(await one_request(pool, raw, stream, errors))
 
-        cpu_before = tree_cpu(target.pid)
+        cpu_before = target.cpu()
         started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
         wall = time.perf_counter() - started
-        cpu = tree_cpu(target.pid) - cpu_before
+        cpu = target.cpu() - cpu_before
     finally:
-        pool.close()
+        for pool in pools:
+            pool.close()
     good = [s for s in samples if s.ok]
     missing = total - len(samples)
     if missing:
@@ -592,14 +604,16 @@ async def closed_batch(
 async def open_step(target: Target, rate: int, args: argparse.Namespace) -> Step:
     """``rate`` requests a second for ``args.step_seconds``, sent on schedule whatever answers."""
     count = max(1, round(rate * args.step_seconds))
-    raw = request_bytes(target.url, request_body(args.model, False, args.max_tokens))
+    body = request_body(args.model, False, args.max_tokens)
+    raws = [request_bytes(url, body) for url in target.urls]
     errors: Counter[str] = Counter()
     latencies: list[float] = []
     ends: list[float] = []
-    pool = new_pool(target.url, args.max_connections, args.request_timeout)
+    pools = [new_pool(url, args.max_connections, args.request_timeout) for url in target.urls]
     try:
 
-        async def fire(at: float) -> None:
+        async def fire(at: float, i: int) -> None:
+            pool, raw = pools[i % len(pools)], raws[i % len(pools)]
             sample = await one_request(pool, raw, False, errors)
             if sample.ok:
                 end = time.perf_counter()
@@ -613,7 +627,7 @@ async def open_step(target: Target, rate: int, args: argparse.Namespace) -> Step
             delay = at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(fire(at)))
+            tasks.append(asyncio.create_task(fire(at, i)))
         _, pending = await asyncio.wait(tasks, timeout=args.request_timeout + 1)
         for task in pending:
             task.cancel()
@@ -621,7 +635,8 @@ async def open_step(target: Target, rate: int, args: argparse.Namespace) -> Step
             errors["unanswered at the end of the step"] += len(pending)
             await asyncio.gather(*pending, return_exceptions=True)
     finally:
-        pool.close()
+        for pool in pools:
+            pool.close()
     duration = max(args.step_seconds, (max(ends) - t0) if ends else args.step_seconds)
     achieved = len(latencies) / duration
     ms = [x * 1000 for x in latencies]
@@ -783,6 +798,12 @@ def against_targets(tables: dict[str, list[dict[str, Any]]], args: argparse.Name
                 f"- {mode}, concurrency {high}: {ours['req_s']:.0f} vs LiteLLM's "
                 f"{theirs['req_s']:.0f} req/s = {ratio:.2f}x (target >= 5x: {verdict})"
             )
+            scaled = next((r for n, r in rows.items() if n.startswith("gateway x")), None)
+            if scaled is not None:
+                lines.append(
+                    f"  ({scaled['target']}: {scaled['req_s']:.0f} req/s = "
+                    f"{scaled['req_s'] / theirs['req_s']:.2f}x LiteLLM's one process)"
+                )
         low_rows = {r["target"]: r for r in tables[f"{mode}@{low}"] if "added_p50_ms" in r}
         if GATEWAY in low_rows:
             added = low_rows[GATEWAY]["added_p50_ms"]
@@ -843,6 +864,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--upstream", help="a real OpenAI-compatible tier instead of the stub")
     parser.add_argument("--no-litellm", action="store_true", help="skip LiteLLM's proxy")
     parser.add_argument("--no-redis", action="store_true", help="skip the gateway with Redis")
+    parser.add_argument(
+        "--gateway-processes",
+        type=int,
+        default=2,
+        help="one more target: this many gateway processes sharing Redis (1: none)",
+    )
     parser.add_argument("--startup-timeout", type=float, default=90.0)
     parser.add_argument("--install-timeout", type=float, default=900.0, help="LiteLLM's venv")
     parser.add_argument("--json", type=Path, help="write the raw figures here")
@@ -946,6 +973,10 @@ def start_targets(
             notes.append(f"{name} routes the benchmark prompt: {route_of(targets[-1].url, args)}")
     if not args.no_redis:
         notes.append(f"{GATEWAY}: redis_url {REDIS_URL}, redis_prefix {redis_prefix}")
+    if not args.no_redis and args.gateway_processes > 1:
+        targets.append(
+            gateway_processes(args, workdir, servers, upstream, tokenizer, redis_prefix, notes)
+        )
 
     if venv is None:
         targets.append(Target(LITELLM, skipped=litellm_why))
@@ -962,6 +993,38 @@ def start_targets(
     servers.append(server)
     targets.append(ready_target(LITELLM, server, f"http://{LOCAL}:{port}", "", args))
     return targets
+
+
+def gateway_processes(
+    args: argparse.Namespace,
+    workdir: Path,
+    servers: list[Server],
+    upstream: str,
+    tokenizer: Path | None,
+    redis_prefix: str,
+    notes: list[str],
+) -> Target:
+    """--gateway-processes gateways with Redis, one config, one Redis prefix: the way a machine
+    (or a Kubernetes Deployment) scales the gateway past one core; the load alternates."""
+    name = f"gateway x{args.gateway_processes}"
+    config = write_gateway_config(workdir, upstream, args.model, tokenizer, redis_prefix)
+    started: list[Target] = []
+    for i in range(args.gateway_processes):
+        port = free_port()
+        cmd = [sys.executable, "-m", "gateway", "--config", str(config)]
+        cmd += ["--host", LOCAL, "--port", str(port)]
+        server = start(f"{name} {i + 1}", cmd, workdir, clean_env(PYTHONPATH=str(ROOT)))
+        servers.append(server)
+        started.append(ready_target(name, server, f"http://{LOCAL}:{port}", "/readyz", args))
+    skipped = [t.skipped for t in started if t.skipped]
+    if skipped:
+        return Target(name, skipped=skipped[0])
+    notes.append(
+        f"{name}: {args.gateway_processes} gateway processes sharing Redis (prefix "
+        f"{redis_prefix}); the client alternates connections between them"
+    )
+    first, rest = started[0], started[1:]
+    return Target(name, first.url, first.pid, more=[(t.url, t.pid or 0) for t in rest])
 
 
 def route_of(url: str, args: argparse.Namespace) -> str:
