@@ -164,7 +164,8 @@ def create_app(
         *admin_routes(),
     ]
     middleware = [
-        Middleware(instrument_asgi, provider=provider),  # outermost: rejections are traced too
+        # outermost: rejections are traced too
+        Middleware(instrument_asgi, provider=provider, routes=[r.path for r in routes]),
         Middleware(
             AuthMiddleware,
             api_key_hashes=config.api_key_hashes,

@@ -16,7 +16,9 @@ each aiohttp error becomes the httpx error httpcore raises for the same event:
   mid-body → ``ReadError``
 - a malformed answer → ``RemoteProtocolError``
 
-Bodies are relayed as they arrive, undecoded (``auto_decompress`` off). Timeouts come from each
+Bodies are relayed as they arrive, undecoded (``auto_decompress`` off), and a body that ends
+in an error first hands on every byte that arrived before it (aiohttp's reader raises the
+error first; the transport drains its buffer). Timeouts come from each
 request's httpx timeout (connect and read; aiohttp has no separate write or pool timeout).
 The aiohttp session is opened on first use, in the running event loop, and closed by
 ``aclose`` (httpx's client closes its transport).
@@ -85,9 +87,20 @@ class _Body(httpx.AsyncByteStream):
         self._response, self._request = response, request
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        content = self._response.content
         with httpx_errors(self._request):
-            async for chunk in self._response.content.iter_any():
-                yield chunk
+            try:
+                async for chunk in content.iter_any():
+                    yield chunk
+            except aiohttp.ClientError:
+                # aiohttp raises a stream's error before the bytes that arrived ahead of it
+                # (StreamReader.readany checks the error first): hand those on, then the error.
+                # _read_nowait is the buffer's own drain (aiohttp 3.14, pinned); the
+                # "dies mid-stream" tests fail without it.
+                left = content._read_nowait(-1) if content._buffer else b""
+                if left:
+                    yield left
+                raise
 
     async def aclose(self) -> None:
         self._response.release()  # back to the pool if read whole; closed if not

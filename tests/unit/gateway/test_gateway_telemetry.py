@@ -17,7 +17,14 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind, TraceFlags, TraceState, format_span_id, format_trace_id
+from opentelemetry.trace import (
+    SpanKind,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+    format_span_id,
+    format_trace_id,
+)
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
@@ -333,7 +340,8 @@ def build_app(provider: TracerProvider) -> tuple[ChunkRecorder, dict[str, str]]:
         Route("/readyz", plain),
         Route("/admin/metrics", plain),
     ]
-    recorder = ChunkRecorder(instrument_asgi(Starlette(routes=routes), provider))
+    paths = [route.path for route in routes]
+    recorder = ChunkRecorder(instrument_asgi(Starlette(routes=routes), provider, paths))
     return recorder, tier_headers
 
 
@@ -394,3 +402,40 @@ def test_metrics_and_healthz_are_not_traced(
     asyncio.run(drive(recorder, [("GET", path, {}) for path in paths]))
     traced = [span.name for span in exporter.get_finished_spans()]
     assert traced == ["GET /readyz", "GET /admin/metrics"]
+
+
+def test_server_spans_name_routes_and_nothing_else(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    """Routes by their template; any other path by the method alone (no unbounded names); the
+    request's attributes; a 5xx marks the span as an error."""
+
+    async def fail(request: Request) -> Response:
+        return PlainTextResponse("down", status_code=503)
+
+    routes = [Route("/admin/tiers/{tier}/restore", fail, methods=["POST"])]
+    app = instrument_asgi(Starlette(routes=routes), provider, [r.path for r in routes])
+
+    async def run() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            restore = await client.post("/admin/tiers/int8/restore", headers={"user-agent": "ua"})
+            assert restore.status_code == 503
+            assert (await client.get("/no/such/path/12345")).status_code == 404
+
+    asyncio.run(run())
+    restore, unknown = exporter.get_finished_spans()
+    assert (restore.name, unknown.name) == ("POST /admin/tiers/{tier}/restore", "GET")
+    assert restore.kind == SpanKind.SERVER
+    assert dict(restore.attributes or {}) == {
+        "http.request.method": "POST",
+        "url.path": "/admin/tiers/int8/restore",
+        "url.scheme": "http",
+        "http.route": "/admin/tiers/{tier}/restore",
+        "client.address": "127.0.0.1",
+        "user_agent.original": "ua",
+        "http.response.status_code": 503,
+    }
+    assert restore.status.status_code == StatusCode.ERROR
+    assert unknown.status.status_code != StatusCode.ERROR  # a 404 is the client's
+    assert "http.route" not in (unknown.attributes or {})

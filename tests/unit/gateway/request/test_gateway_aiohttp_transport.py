@@ -61,6 +61,11 @@ BEHAVIOURS: dict[str, Callable[[socket.socket], None]] = {
         threading.Event().wait(0.2),
         _reset(c),
     ),
+    "sends two events and dies": lambda c: (
+        _read_request(c),
+        c.sendall(HEAD_CHUNKED + _chunk(EVENT) + _chunk(EVENT) + b"5\r\nda"),
+        c.close(),
+    ),
     "sends garbage": lambda c: (_read_request(c), c.sendall(b"NOT HTTP AT ALL\r\n\r\n"), c.close()),
     "streams": lambda c: (
         _read_request(c),
@@ -79,6 +84,7 @@ EXPECTED = {
     "cuts the stream": "UpstreamFailed in the body",
     "resets mid-stream": "UpstreamFailed in the body",
     "sends garbage": "UpstreamLost before the head",
+    "sends two events and dies": "UpstreamFailed in the body",
     "streams": "ok",
 }
 
@@ -118,9 +124,9 @@ def _client(kind: str) -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=timeout, trust_env=False)
 
 
-async def _outcome(kind: str, url: str) -> tuple[str, bytes]:
+async def _outcome(kind: str, url: str, pause: float = 0.0) -> tuple[str, bytes]:
     """The gateway error the seam raised (its class, and whether before or during the body),
-    or 'ok', and the body bytes that arrived before it."""
+    or 'ok', and the body bytes that arrived before it (read ``pause`` s after the head)."""
     got = b""
     tier = TierEndpoint(name="t", base_url=url)
     async with _client(kind) as client:
@@ -129,6 +135,7 @@ async def _outcome(kind: str, url: str) -> tuple[str, bytes]:
             response = await upstream.send(tier, "POST", "/v1/chat/completions", {"x": 1})
         except APIError as exc:
             return f"{type(exc).__name__} before the head", got
+        await asyncio.sleep(pause)
         try:
             async for part in upstream.iter_raw(tier, response):
                 got += part
@@ -149,6 +156,19 @@ def test_every_fault_is_the_same_gateway_error_on_both_transports(
     assert outcomes["aiohttp"][1] == outcomes["httpx"][1]  # the same bytes before the fault
     if behaviour == "streams":
         assert outcomes["aiohttp"] == ("ok", EVENT + b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_bytes_that_arrived_before_the_end_are_relayed_before_the_error(
+    kind: str, serve: Callable[[str], str]
+) -> None:
+    """The events and the cut arrive while nobody reads (the relay busy writing to its client,
+    here a pause): aiohttp's reader raises the stream's error before handing over what arrived
+    ahead of it unless the transport drains its buffer."""
+    url = serve("sends two events and dies")
+    for _ in range(3):
+        got = asyncio.run(_outcome(kind, url, pause=0.2))
+        assert got == ("UpstreamFailed in the body", EVENT + EVENT + b"da")  # "da": cut chunk
 
 
 @pytest.mark.parametrize("kind", TRANSPORTS)
