@@ -312,6 +312,10 @@ def write_gateway_config(
         "tiers": [{"name": "fp16", "base_url": upstream, "max_model_len": 2048}],
         "policy_path": str(policy_path),
         "metrics_interval": 2,
+        # Every request of this benchmark comes from one address (as through a trusted proxy):
+        # the per-address connection bound (64 by default) would close the open loop's
+        # connections past it.
+        "max_connections_per_client": None,
     }
     if tokenizer is not None:
         config["tokenizer_dir"] = str(tokenizer)

@@ -93,9 +93,13 @@ def create_app(
             prefix=config.redis_prefix,
             flush_delay=config.shared_flush_interval,
         )
-        async with upstream_client(config) as client:
+        timeout = httpx.Timeout(config.read_timeout, connect=config.connect_timeout)
+        transport = upstream_transport(config)
+        client = httpx.AsyncClient(timeout=timeout, transport=transport, trust_env=False)
+        async with client:  # the one client to the tiers; closing it closes the transport
             await shared.start()
-            upstream, board = Upstream(client), TierBoard(config.tiers, supervisor_states)
+            upstream = Upstream(client, transport)
+            board = TierBoard(config.tiers, supervisor_states)
             tracer = provider.get_tracer("model_optimizer.gateway")
             runtime = Runtime(
                 config=config,
@@ -186,15 +190,13 @@ def create_app(
     return app
 
 
-def upstream_client(config: GatewayConfig) -> httpx.AsyncClient:
-    """The one client to the tiers, over the configured transport; no pool cap: admission
-    control belongs to the router, not to a hidden pool limit."""
-    timeout = httpx.Timeout(config.read_timeout, connect=config.connect_timeout)
+def upstream_transport(config: GatewayConfig) -> httpx.AsyncBaseTransport:
+    """The transport to the tiers: aiohttp's or httpx's own; no pool cap: admission control
+    belongs to the router, not to a hidden pool limit."""
     if config.upstream_transport == "aiohttp":
-        transport = AiohttpTransport(keepalive=5.0)
-        return httpx.AsyncClient(timeout=timeout, transport=transport, trust_env=False)
+        return AiohttpTransport(keepalive=5.0)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=20)
-    return httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+    return httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
 
 
 def load_policies(config: GatewayConfig) -> PolicySource:

@@ -182,7 +182,9 @@ def test_a_refused_connection_is_unavailable(kind: str) -> None:
         sock.close()
 
 
-def _capture(kind: str) -> tuple[tuple[int, bytes, str | None], list[bytes], bytes]:
+def _capture(
+    kind: str, via_upstream: bool | None = None
+) -> tuple[tuple[int, bytes, str | None], list[bytes], bytes]:
     """Send one POST with ``kind``'s transport to a server that records it and answers 3
     gzip-labelled bytes: (status, raw body, content-encoding), the request's header lines
     (lower case, sorted) and its body."""
@@ -194,7 +196,7 @@ def _capture(kind: str) -> tuple[tuple[int, bytes, str | None], list[bytes], byt
     def answer() -> None:
         conn, _ = sock.accept()
         data = b""
-        while b"\r\n\r\n" not in data or not data.endswith(b'{"x":1}'):
+        while b"\r\n\r\n" not in data or not data.endswith((b'{"x":1}', b'{"x": 1}')):
             data += conn.recv(65536)
         seen.append(data)
         conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: 3\r\n\r\nabc")
@@ -206,6 +208,13 @@ def _capture(kind: str) -> tuple[tuple[int, bytes, str | None], list[bytes], byt
 
     async def send() -> tuple[int, bytes, str | None]:
         async with _client(kind) as client:
+            if via_upstream is not None:  # the gateway's seam: straight to the transport or not
+                transport = client._transport if via_upstream else None
+                upstream = Upstream(client, transport)
+                tier = TierEndpoint(name="t", base_url=f"http://127.0.0.1:{port.decode()}")
+                got = await upstream.send(tier, "POST", "/v1/x", {"x": 1}, {"accept": "*/*"})
+                raw = await upstream.read(tier, got)
+                return got.status_code, raw, got.headers.get("content-encoding")
             request = client.build_request(
                 "POST",
                 f"http://127.0.0.1:{port.decode()}/v1/x",
@@ -234,3 +243,24 @@ def test_the_request_arrives_as_httpx_built_it() -> None:
     assert ours[0] == (200, b"abc", "gzip")
     assert ours[1][0] == b"post /v1/x http/1.1"
     assert ours[1:] == theirs[1:]
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_the_seam_sends_the_same_request_straight_to_the_transport(kind: str) -> None:
+    """Upstream with the transport (the gateway's path) and through the whole client send the
+    same request line, body and headers but the client's defaults (user-agent, an explicit
+    keep-alive HTTP/1.1 implies), and read the same answer."""
+    straight, through_client = _capture(kind, via_upstream=True), _capture(kind, False)
+    assert straight[0] == through_client[0] == (200, b"abc", "gzip")
+    assert straight[2] == through_client[2]
+    assert straight[1][0] == through_client[1][0] == b"post /v1/x http/1.1"
+    extra = set(through_client[1]) - set(straight[1])
+    assert {line.split(b":")[0] for line in extra} == {b"connection", b"user-agent"}
+    assert set(straight[1]) <= set(through_client[1])
+    assert {line.split(b":")[0] for line in straight[1][1:]} == {
+        b"accept",
+        b"accept-encoding",
+        b"content-length",
+        b"content-type",
+        b"host",
+    }
