@@ -13,11 +13,10 @@ and a short-lived cache of tier health. Contract:
   ``begin``, ``end`` and a heartbeat (every ``replica_ttl / 3``) write the whole snapshot to
   ``{prefix}:inflight:{replica_id}`` (expiry ``replica_ttl``; a Lua script that ignores a write
   with an older sequence number, so late writes cannot roll it back) and add the id to
-  ``{prefix}:replicas``. With ``flush_delay`` 0 each ``begin`` and ``end`` awaits its write;
-  with ``flush_delay`` > 0 they only mark the snapshot changed and one background write at most
-  every ``flush_delay`` s carries every change since the last (the request path makes no Redis
-  round trip; other replicas see the counts up to ``flush_delay`` late; this replica's own
-  reads, ``in_flight`` and ``request_rate``, write what is pending first). ``in_flight`` sums
+  ``{prefix}:replicas``. ``flush_delay`` 0: each ``begin`` and ``end`` awaits its write; > 0:
+  one background write within ``flush_delay`` s carries every change since the last (no round
+  trip on the request path; other replicas see counts that late; this replica's own reads,
+  ``in_flight`` and ``request_rate``, write what is pending first). ``in_flight`` sums
   the registered hashes and drops ids whose hash has expired (crashed replicas). On reconnect
   the local snapshot is pushed: requests that ran through the outage are counted and their
   ``end`` cannot drive the sum negative.
@@ -198,6 +197,8 @@ class SharedState:
         if conn is None:
             return
         try:
+            if self._warned:  # idle connections from before the outage are dead: drop them
+                await conn.client.connection_pool.disconnect(inuse_connections=False)
             await asyncio.wait_for(conn.client.ping(), self._op_timeout)
         except REDIS_ERRORS as exc:
             self._fall_back(exc)

@@ -383,6 +383,8 @@ def test_reconnects_after_an_outage(tmp_path: Path, caplog: pytest.LogCaptureFix
             assert state.shared
             await state.begin("fp16")
             assert await state.in_flight() == {"fp16": 1}
+            # several pooled connections, idle when Redis goes: dead once it is back
+            await asyncio.gather(*(state.rate_limit(f"k{i}", 100, 60.0) for i in range(8)))
             stop(proc)
             await timed(state.begin("fp16"), 0.3)  # fails over to local state
             assert not state.shared
@@ -399,6 +401,9 @@ def test_reconnects_after_an_outage(tmp_path: Path, caplog: pytest.LogCaptureFix
                 await asyncio.sleep(0.02)
             assert state.shared
             assert len(records(caplog, logging.INFO)) == 1
+            # the pool's connections from before the outage are not used again
+            await asyncio.gather(*(state.rate_limit(f"k{i}", 100, 60.0) for i in range(8)))
+            assert state.shared
             await other.start()  # counts of requests running through the outage were pushed
             assert await other.in_flight() == {"fp16": 2, "int4": 1}
             await state.end("fp16")
