@@ -522,15 +522,21 @@ def request_body(model: str, stream: bool, max_tokens: int) -> bytes:
 HEADERS = {"content-type": "application/json", "authorization": "Bearer unused"}
 
 
-def request_bytes(base_url: str, body: bytes) -> bytes:
-    """The whole POST to ``base_url``'s chat completions, as the load client writes it."""
-    host, _, port = base_url.removeprefix("http://").partition(":")
-    return post_bytes(host, int(port), "/v1/chat/completions", body, HEADERS)
+@dataclass(frozen=True)
+class Lane:
+    pool: Pool
+    raw: bytes  # the request, ready to write
 
 
-def new_pool(url: str, connections: int, timeout: float) -> Pool:
-    host, _, port = url.removeprefix("http://").partition(":")
-    return Pool(host, int(port.split("/")[0]), connections, timeout)
+def lanes(target: Target, body: bytes, connections: int, timeout: float) -> list[Lane]:
+    """One keep-alive pool per process of ``target``, each with the whole POST of ``body`` to
+    its chat completions as the load client writes it; request ``i`` takes lane ``i % n``."""
+    found = []
+    for url in target.urls:
+        host, _, port = url.removeprefix("http://").partition(":")
+        raw = post_bytes(host, int(port), "/v1/chat/completions", body, HEADERS)
+        found.append(Lane(Pool(host, int(port), connections, timeout), raw))
+    return found
 
 
 async def one_request(pool: Pool, raw: bytes, stream: bool, errors: Counter[str]) -> Sample:
@@ -563,20 +569,19 @@ async def closed_batch(
     total = count if count is not None else args.requests
     stream = mode == "stream"
     body = request_body(args.model, stream, args.max_tokens)
-    raws = [request_bytes(url, body) for url in target.urls]
     errors: Counter[str] = Counter()
     samples: list[Sample] = []
     issued = 0
     deadline = time.perf_counter() + args.batch_timeout
-    pools = [new_pool(url, concurrency, args.request_timeout) for url in target.urls]
+    ways = lanes(target, body, concurrency, args.request_timeout)
     try:
 
         async def worker(i: int) -> None:
             nonlocal issued
-            pool, raw = pools[i % len(pools)], raws[i % len(pools)]
+            lane = ways[i % len(ways)]
             while issued < total and time.perf_counter() < deadline:
                 issued += 1
-                samples.append(await one_request(pool, raw, stream, errors))
+                samples.append(await one_request(lane.pool, lane.raw, stream, errors))
 
         cpu_before = target.cpu()
         started = time.perf_counter()
@@ -584,8 +589,8 @@ async def closed_batch(
         wall = time.perf_counter() - started
         cpu = target.cpu() - cpu_before
     finally:
-        for pool in pools:
-            pool.close()
+        for lane in ways:
+            lane.pool.close()
     good = [s for s in samples if s.ok]
     missing = total - len(samples)
     if missing:
@@ -609,16 +614,15 @@ async def open_step(target: Target, rate: int, args: argparse.Namespace) -> Step
     """``rate`` requests a second for ``args.step_seconds``, sent on schedule whatever answers."""
     count = max(1, round(rate * args.step_seconds))
     body = request_body(args.model, False, args.max_tokens)
-    raws = [request_bytes(url, body) for url in target.urls]
     errors: Counter[str] = Counter()
     latencies: list[float] = []
     ends: list[float] = []
-    pools = [new_pool(url, args.max_connections, args.request_timeout) for url in target.urls]
+    ways = lanes(target, body, args.max_connections, args.request_timeout)
     try:
 
         async def fire(at: float, i: int) -> None:
-            pool, raw = pools[i % len(pools)], raws[i % len(pools)]
-            sample = await one_request(pool, raw, False, errors)
+            lane = ways[i % len(ways)]
+            sample = await one_request(lane.pool, lane.raw, False, errors)
             if sample.ok:
                 end = time.perf_counter()
                 latencies.append(end - at)  # from the scheduled time: client lag counts
@@ -639,8 +643,8 @@ async def open_step(target: Target, rate: int, args: argparse.Namespace) -> Step
             errors["unanswered at the end of the step"] += len(pending)
             await asyncio.gather(*pending, return_exceptions=True)
     finally:
-        for pool in pools:
-            pool.close()
+        for lane in ways:
+            lane.pool.close()
     duration = max(args.step_seconds, (max(ends) - t0) if ends else args.step_seconds)
     achieved = len(latencies) / duration
     ms = [x * 1000 for x in latencies]
