@@ -48,6 +48,7 @@ from tests.integration.conftest import (
     Stack,
     gateway_config,
     gateway_processes,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -88,17 +89,16 @@ def replica(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        assert process.poll() is None, log.read_text(errors="replace")[-3000:]
+        try:
+            return httpx.get(f"{url}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert process.poll() is None, log.read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, "the replica was not healthy in 300 s"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
+        wait_until(healthy, timeout=300)  # the replica loads the model, as the stack's did
         yield url
     finally:
         if process.poll() is None:
