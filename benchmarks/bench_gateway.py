@@ -461,7 +461,7 @@ class Target:
     url: str = ""  # base URL, without /v1
     pid: int | None = None  # server process, for its CPU time
     skipped: str = ""  # why it was not run
-    more: list[tuple[str, int]] = field(default_factory=list)  # more processes: (url, pid)
+    more: list[tuple[str, int | None]] = field(default_factory=list)  # more processes: (url, pid)
 
     @property
     def urls(self) -> list[str]:
@@ -1032,7 +1032,7 @@ def gateway_processes(
         f"{redis_prefix}); the client alternates connections between them"
     )
     first, rest = started[0], started[1:]
-    return Target(name, first.url, first.pid, more=[(t.url, t.pid or 0) for t in rest])
+    return Target(name, first.url, first.pid, more=[(t.url, t.pid) for t in rest])
 
 
 def route_of(url: str, args: argparse.Namespace) -> str:
