@@ -59,6 +59,7 @@ ATTR_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 ATTR_TTFT = "gateway.time_to_first_token_ms"
 ATTR_FALLBACKS = "gateway.route.fallbacks"
 ATTR_PINNED = "gateway.route.pinned"
+ATTR_P_PRECISE = "gateway.route.p_precise"
 
 # Stateless: the W3C propagator holds no configuration.
 TRACE_CONTEXT = TraceContextTextMapPropagator()

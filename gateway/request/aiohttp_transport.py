@@ -27,42 +27,55 @@ The aiohttp session is opened on first use, in the running event loop, and close
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 
 import aiohttp
 import httpx
 
 CHUNK = 64 * 1024
+RequestSource = httpx.Request | Callable[[], httpx.Request]
+# Headers aiohttp would otherwise add on its own: the request carries exactly what it is given.
+SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 
 
 @contextmanager
-def httpx_errors(request: httpx.Request) -> Iterator[None]:
-    """Raise aiohttp's client errors as the httpx errors httpcore raises for the same event."""
+def httpx_errors(request: RequestSource) -> Iterator[None]:
+    """Raise aiohttp's client errors as the httpx errors httpcore raises for the same event.
+    ``request``: the httpx request, or what builds it (only an error needs one)."""
     try:
         yield
-    except aiohttp.ConnectionTimeoutError as exc:
-        raise httpx.ConnectTimeout(str(exc) or "connect timed out", request=request) from exc
-    except aiohttp.ClientConnectorError as exc:
-        raise httpx.ConnectError(str(exc), request=request) from exc
-    except (aiohttp.SocketTimeoutError, aiohttp.ServerTimeoutError) as exc:
-        raise httpx.ReadTimeout(str(exc) or "read timed out", request=request) from exc
-    except aiohttp.ServerDisconnectedError as exc:
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise httpx_error(exc, _built(request)) from exc
+
+
+def httpx_error(exc: aiohttp.ClientError | TimeoutError, request: httpx.Request) -> httpx.HTTPError:
+    """The httpx error httpcore raises for the event behind aiohttp's ``exc``."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return httpx.ConnectTimeout(str(exc) or "connect timed out", request=request)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return httpx.ConnectError(str(exc), request=request)
+    if isinstance(exc, aiohttp.SocketTimeoutError | aiohttp.ServerTimeoutError):
+        return httpx.ReadTimeout(str(exc) or "read timed out", request=request)
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
         message = "Server disconnected without sending a response."
-        raise httpx.RemoteProtocolError(message, request=request) from exc
-    except aiohttp.ClientPayloadError as exc:
+        return httpx.RemoteProtocolError(message, request=request)
+    if isinstance(exc, aiohttp.ClientPayloadError):
         if _reset(exc):
-            raise httpx.ReadError(str(exc), request=request) from exc
+            return httpx.ReadError(str(exc), request=request)
         message = f"peer closed connection without sending complete message body ({exc})"
-        raise httpx.RemoteProtocolError(message, request=request) from exc
-    except aiohttp.ClientOSError as exc:
-        raise httpx.ReadError(str(exc), request=request) from exc
-    except aiohttp.ClientResponseError as exc:
-        raise httpx.RemoteProtocolError(str(exc), request=request) from exc
-    except aiohttp.ClientError as exc:
-        raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from exc
-    except TimeoutError as exc:  # asyncio's own, from a timeout aiohttp did not wrap
-        raise httpx.ReadTimeout("timed out", request=request) from exc
+        return httpx.RemoteProtocolError(message, request=request)
+    if isinstance(exc, aiohttp.ClientOSError):
+        return httpx.ReadError(str(exc), request=request)
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return httpx.RemoteProtocolError(str(exc), request=request)
+    if isinstance(exc, aiohttp.ClientError):
+        return httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request)
+    return httpx.ReadTimeout("timed out", request=request)  # asyncio's own, unwrapped
+
+
+def _built(request: RequestSource) -> httpx.Request:
+    return request if isinstance(request, httpx.Request) else request()
 
 
 def _reset(exc: BaseException) -> bool:
@@ -80,11 +93,16 @@ def _reset(exc: BaseException) -> bool:
     return False
 
 
-class _Body(httpx.AsyncByteStream):
+class AiohttpBody(httpx.AsyncByteStream):
     """An aiohttp response's body as httpx reads a streamed one."""
 
-    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, request: RequestSource) -> None:
         self._response, self._request = response, request
+
+    async def read(self) -> bytes:
+        """The whole body at once (what iterating would yield, joined)."""
+        with httpx_errors(self._request):
+            return await self._response.read()
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         content = self._response.content
@@ -123,27 +141,48 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         return self._session
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        timeouts = request.extensions.get("timeout", {})
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=timeouts.get("connect"), sock_read=timeouts.get("read")
-        )
         body = await request.aread()
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
+        timeouts = request.extensions.get("timeout", {})
+        return await self.open(
+            request.method,
+            str(request.url),
+            headers,
+            body,
+            timeouts.get("connect"),
+            timeouts.get("read"),
+            request,
+        )
+
+    async def open(
+        self,
+        method: str,
+        url: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        connect: float | None,
+        read: float | None,
+        request: RequestSource,
+    ) -> httpx.Response:
+        """Send ``method url`` with exactly ``headers`` and ``body``; the answer once its head
+        has arrived, its body streamed. ``request``: the httpx request errors name (or what
+        builds it: the gateway's seam sends without building one unless something fails)."""
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=read)
         with httpx_errors(request):
             response = await self._open().request(
-                request.method,
-                str(request.url),
+                method,
+                url,
                 data=body or None,
                 headers=headers,
                 timeout=timeout,
                 allow_redirects=False,
-                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+                skip_auto_headers=SKIP_AUTO_HEADERS,
                 read_bufsize=CHUNK,
             )
         return httpx.Response(
             response.status,
-            headers=[(k, v) for k, v in response.raw_headers],
-            stream=_Body(response, request),
+            headers=response.raw_headers,
+            stream=AiohttpBody(response, request),
             extensions={"http_version": b"HTTP/1.1"},
         )
 

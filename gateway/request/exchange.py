@@ -38,6 +38,7 @@ from gateway.telemetry import (
     ATTR_FALLBACKS,
     ATTR_INPUT_TOKENS,
     ATTR_OUTPUT_TOKENS,
+    ATTR_P_PRECISE,
     ATTR_REASON,
     ATTR_TIER,
     ATTR_TTFT,
@@ -67,6 +68,7 @@ class Exchange:
         self.started = clock()
         self.cls, self.reason, self.tier = NONE, "", NONE
         self.input_tokens: int | None = None
+        self.p_precise: float | None = None  # the classifier model's probability
         self.output_tokens: int | None = None
         self.ttft: float | None = None
         self.fallbacks = 0
@@ -146,8 +148,9 @@ class Exchange:
         self.finished = True
         if self.on_finish is not None:
             self.on_finish()
-        with anyio.CancelScope(shield=True):  # may run in a scope the client's leaving cancels
-            await self.release()
+        if self.holds_slot:
+            with anyio.CancelScope(shield=True):  # may run in a scope the client's leaving cancels
+                await self.release()
         duration = self.clock() - self.started
         self.metrics.observe_request(
             self.cls,
@@ -196,6 +199,8 @@ class Exchange:
             attributes[ATTR_INPUT_TOKENS] = self.input_tokens
         if self.output_tokens is not None:
             attributes[ATTR_OUTPUT_TOKENS] = self.output_tokens
+        if self.p_precise is not None:
+            attributes[ATTR_P_PRECISE] = self.p_precise
         if self.ttft is not None:
             attributes[ATTR_TTFT] = round(self.ttft * 1000, 3)
         self.span.set_attributes(attributes)

@@ -3,20 +3,20 @@
 A completion request goes: body (size-limited, read within ``body_timeout``, JSON object, served
 model; all before the request takes one of the ``max_in_flight`` slots) → ``assess``
 (tokens, class) → ``plan_route`` (tiers and ``max_tokens``; gateway/request/plan.py) → the chain of
-tiers (gateway/request/relay.py), inside a ``gateway.request`` span with ``classify``, ``route`` and
-``upstream`` children. Every answer carries ``x-route-class``, ``x-route-tier`` and
-``x-route-reason``; errors keep OpenAI's shape.
+tiers (gateway/request/relay.py), inside a ``gateway.request`` span (class, reason and tokens
+as its attributes) with an ``upstream`` child. Every answer carries ``x-route-class``,
+``x-route-tier`` and ``x-route-reason``; errors keep OpenAI's shape.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
 from collections.abc import Mapping
 from typing import Any
 
-import anyio
 from opentelemetry import trace
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -37,7 +37,7 @@ from gateway.request.relay import (
 )
 from gateway.request.upstream import aclose_quietly
 from gateway.runtime import Runtime, get_runtime
-from gateway.telemetry import ATTR_CLASS, ATTR_INPUT_TOKENS, ATTR_REASON, inject_trace_headers
+from gateway.telemetry import inject_trace_headers
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ async def read_body(request: Request, max_bytes: int, timeout: float = float("in
     has not all arrived within ``timeout`` seconds (both close the connection: the rest of the
     body is never read)."""
     try:
-        with anyio.fail_after(timeout):
+        async with asyncio.timeout(None if timeout == float("inf") else timeout):
             return await _read_body(request, max_bytes)
     except TimeoutError:
         raise APIError(
@@ -207,37 +207,26 @@ async def _completion(
     request: Request, body: dict[str, Any], path: str, runtime: Runtime, exchange: Exchange
 ) -> tuple[Response, ShadowJob | None]:
     """The answer, and the job to offer to shadow sampling when a tier answered 200."""
-    config, tracer = runtime.config, runtime.tracer
+    config = runtime.config
     active = runtime.policies.active
-    with tracer.start_as_current_span("classify") as span:
-        longest = max(tier.max_model_len for tier in config.tiers)
-        found = assess(
-            body, path, active.policy, active.rules, runtime.counter, context_limit=longest
-        )
-        span.set_attributes(
-            {
-                ATTR_CLASS: found.cls,
-                ATTR_REASON: found.reason,
-                ATTR_INPUT_TOKENS: found.input_tokens,
-            }
-        )
-        if found.p_precise is not None:
-            span.set_attribute("gateway.route.p_precise", found.p_precise)
+    # Classifying and planning are microseconds of pure computation: their results are the
+    # request span's attributes (set when the exchange finishes), not spans of their own.
+    longest = max(tier.max_model_len for tier in config.tiers)
+    found = assess(body, path, active.policy, active.rules, runtime.counter, context_limit=longest)
     exchange.cls, exchange.reason, exchange.input_tokens = (
         found.cls,
         found.reason,
         found.input_tokens,
     )
+    exchange.p_precise = found.p_precise
     # The rate limit took one unit at the door (gateway/auth.py): the rest of what it costs.
     charge = getattr(request.state, "rate_charge", None)
     if charge is not None and found.cost > 1:
         await charge(found.cost - 1)
     full = full_detail(request)
     pinned = request.headers.get(active.policy.pinning.header)
-    with tracer.start_as_current_span("route") as span:
-        limits = saturation_limits(active.policy)
-        plan = plan_route(found, active.policy, runtime.board.statuses(limits), pinned, path)
-        span.set_attribute(ATTR_REASON, plan.reason)
+    limits = saturation_limits(active.policy)
+    plan = plan_route(found, active.policy, runtime.board.statuses(limits), pinned, path)
     exchange.reason = plan.reason
     session = session_key(request.headers, body)
     tiers = [runtime.board.endpoint_chain(name, session, limits) for name in plan.chain]

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
@@ -58,8 +59,13 @@ async def open_chain(
             where = _where(tier, len(endpoints))
             response = None
             try:
-                with anyio.move_on_after(first_byte):
+                if first_byte == float("inf"):
                     response = await upstream.send(tier, "POST", path, body_for(tier.name), headers)
+                else:
+                    with anyio.move_on_after(first_byte):
+                        response = await upstream.send(
+                            tier, "POST", path, body_for(tier.name), headers
+                        )
             except UpstreamLost:
                 failures.append(f"{where} went away before answering")
                 exchange.fell_back(tier.name, "lost")
@@ -214,25 +220,19 @@ async def unless_client_leaves(request: Request, work: Callable[[], Awaitable[T]
 
     Cancelling an upstream exchange closes its connection, which makes vLLM abort the request;
     without this a client that gave up would keep a tier busy until the answer was complete.
+    ``work`` runs in this task, inside a cancel scope that a watcher task cancels on the
+    client's disconnect (one task a request, not a task group of two).
     """
-    outcome: list[T] = []
-    failure: list[Exception] = []
-    async with anyio.create_task_group() as group:
+    with anyio.CancelScope() as scope:
+        watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(request, scope))
+        try:
+            return await work()
+        finally:
+            watcher.cancel()
+    return None  # the scope was cancelled: the client left
 
-        async def run() -> None:
-            try:
-                outcome.append(await work())
-            except Exception as exc:  # re-raised below, outside the task group
-                failure.append(exc)
-            group.cancel_scope.cancel()
 
-        async def watch() -> None:
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-            group.cancel_scope.cancel()
-
-        group.start_soon(run)
-        group.start_soon(watch)
-    if failure:
-        raise failure[0]
-    return outcome[0] if outcome else None
+async def _cancel_on_disconnect(request: Request, scope: anyio.CancelScope) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()

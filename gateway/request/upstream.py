@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
@@ -12,6 +13,7 @@ import httpx
 
 from gateway.config import TierEndpoint
 from gateway.errors import SERVER_ERROR, APIError
+from gateway.request.aiohttp_transport import AiohttpBody, AiohttpTransport
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +115,8 @@ def translate_error(exc: httpx.HTTPError, tier: TierEndpoint, *, quiet: bool = F
 
 async def aclose_quietly(response: httpx.Response) -> None:
     """Close a streamed response even while the caller is being cancelled."""
+    if response.is_closed:  # read to its end: httpx closed it then
+        return
     with anyio.CancelScope(shield=True):
         try:
             await response.aclose()
@@ -124,6 +128,18 @@ async def aclose_quietly(response: httpx.Response) -> None:
 def _url(base_url: str, path: str) -> httpx.URL:
     """A tier's URL, parsed once (pool endpoints and paths are few)."""
     return httpx.URL(base_url + path)
+
+
+@functools.lru_cache(maxsize=1024)
+def _target(base_url: str, path: str) -> tuple[str, str]:
+    """A tier's URL as aiohttp takes it, and the Host header httpx would send for it."""
+    url = _url(base_url, path)
+    return str(url), url.netloc.decode("ascii")
+
+
+def json_bytes(body: Any) -> bytes:
+    """A JSON request body encoded as httpx encodes ``json=`` (compact, UTF-8, no NaN)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 class Upstream:
@@ -177,6 +193,8 @@ class Upstream:
         timeout: float | None,
     ) -> httpx.Response:
         limits = httpx.Timeout(timeout) if timeout is not None else self.client.timeout
+        if isinstance(self.transport, AiohttpTransport):
+            return await self._open(tier, method, path, json_body, headers, limits)
         if self.transport is None:
             request = self.client.build_request(
                 method, tier.base_url + path, json=json_body, headers=headers, timeout=limits
@@ -193,6 +211,34 @@ class Upstream:
         response.request = request
         return response
 
+    async def _open(
+        self,
+        tier: TierEndpoint,
+        method: str,
+        path: str,
+        json_body: Any,
+        headers: dict[str, str],
+        limits: httpx.Timeout,
+    ) -> httpx.Response:
+        """Straight to aiohttp, with the headers httpx would have built (Host, Content-Length,
+        a default Content-Type for a JSON body) and no httpx request unless one is needed."""
+        assert isinstance(self.transport, AiohttpTransport)
+        url, host = _target(tier.base_url, path)
+        body = b"" if json_body is None else json_bytes(json_body)
+        sent = [("Host", host), *headers.items()]
+        if json_body is not None:
+            sent.append(("Content-Length", str(len(body))))
+            if "content-type" not in headers:
+                sent.append(("Content-Type", "application/json"))
+
+        def request() -> httpx.Request:
+            return httpx.Request(method, url, headers=sent, content=body)
+
+        # The answer carries no request (``response.request`` is unset): nothing here reads it.
+        return await self.transport.open(
+            method, url, sent, body, limits.connect, limits.read, request
+        )
+
     async def iter_raw(
         self, tier: TierEndpoint, response: httpx.Response
     ) -> AsyncGenerator[bytes, None]:
@@ -206,6 +252,11 @@ class Upstream:
     async def read(self, tier: TierEndpoint, response: httpx.Response) -> bytes:
         """The whole response body, then the response is closed."""
         try:
+            if isinstance(response.stream, AiohttpBody):  # at once, not a chunk at a time
+                try:
+                    return await response.stream.read()
+                except httpx.HTTPError as exc:
+                    raise translate_error(exc, tier) from exc
             return b"".join([chunk async for chunk in self.iter_raw(tier, response)])
         finally:
             await aclose_quietly(response)

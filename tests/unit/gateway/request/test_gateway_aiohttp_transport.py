@@ -124,21 +124,28 @@ def _client(kind: str) -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=timeout, trust_env=False)
 
 
-async def _outcome(kind: str, url: str, pause: float = 0.0) -> tuple[str, bytes]:
+async def _outcome(
+    kind: str, url: str, pause: float = 0.0, *, seam: bool = False, whole: bool = False
+) -> tuple[str, bytes]:
     """The gateway error the seam raised (its class, and whether before or during the body),
-    or 'ok', and the body bytes that arrived before it (read ``pause`` s after the head)."""
+    or 'ok', and the body bytes that arrived before it (read ``pause`` s after the head).
+    ``seam``: sent as the gateway sends (straight to the transport; through the whole client
+    otherwise); ``whole``: the body read at once (``Upstream.read``), not relayed in pieces."""
     got = b""
     tier = TierEndpoint(name="t", base_url=url)
     async with _client(kind) as client:
-        upstream = Upstream(client)
+        upstream = Upstream(client, client._transport if seam else None)
         try:
             response = await upstream.send(tier, "POST", "/v1/chat/completions", {"x": 1})
         except APIError as exc:
             return f"{type(exc).__name__} before the head", got
         await asyncio.sleep(pause)
         try:
-            async for part in upstream.iter_raw(tier, response):
-                got += part
+            if whole:
+                got = await upstream.read(tier, response)
+            else:
+                async for part in upstream.iter_raw(tier, response):
+                    got += part
         except APIError as exc:
             return f"{type(exc).__name__} in the body", got
         finally:
@@ -156,6 +163,20 @@ def test_every_fault_is_the_same_gateway_error_on_both_transports(
     assert outcomes["aiohttp"][1] == outcomes["httpx"][1]  # the same bytes before the fault
     if behaviour == "streams":
         assert outcomes["aiohttp"] == ("ok", EVENT + b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["relayed", "read whole"])
+@pytest.mark.parametrize("behaviour", sorted(BEHAVIOURS))
+def test_the_seams_direct_path_raises_what_the_client_path_raises(
+    behaviour: str, whole: bool, serve: Callable[[str], str]
+) -> None:
+    """The gateway's own path (aiohttp without an httpx request, a whole answer read at once)
+    ends every fault in the error the whole httpx client gives, after the same bytes."""
+    url = serve(behaviour)
+    direct = asyncio.run(_outcome("aiohttp", url, seam=True, whole=whole))
+    client = asyncio.run(_outcome("httpx", url, whole=whole))
+    assert direct[0] == client[0] == EXPECTED[behaviour], (direct, client)
+    assert direct[1] == client[1]
 
 
 @pytest.mark.parametrize("kind", TRANSPORTS)
