@@ -44,6 +44,7 @@ from gateway.policy.derive import TierFigures
 from gateway.policy.store import ActivePolicy, PolicyStore
 from gateway.request.aiohttp_transport import AiohttpTransport
 from gateway.request.classify import CompiledClasses
+from gateway.request.fast_routes import CompletionRoutes
 from gateway.request.limits import TokenCounter
 from gateway.request.plan import ByteCounter, PromptCounter
 from gateway.request.proxy import chat_completions, completions, list_models
@@ -157,9 +158,12 @@ def create_app(
         runtime = getattr(app.state, "runtime", None)
         return runtime.shared if isinstance(runtime, Runtime) else None
 
+    completion_endpoints = {
+        "/v1/chat/completions": chat_completions,
+        "/v1/completions": completions,
+    }
     routes = [
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
+        *(Route(path, call, methods=["POST"]) for path, call in completion_endpoints.items()),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
@@ -179,6 +183,8 @@ def create_app(
             shared=current_shared,
             on_reject=metrics.reject,
         ),
+        # innermost: the completion paths skip Starlette's router (gateway/request/fast_routes.py)
+        Middleware(CompletionRoutes, endpoints=completion_endpoints),
     ]
     app = Starlette(
         routes=routes,

@@ -99,7 +99,8 @@ def full_detail(request: Request) -> bool:
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 
 
-async def _handle_api_error(request: Request, exc: Exception) -> Response:
+async def handle_api_error(request: Request, exc: Exception) -> Response:
+    """The response for an ``APIError`` raised by an endpoint (the app's handler)."""
     assert isinstance(exc, APIError)
     full = full_detail(request)
     if not full and exc.public is not None:
@@ -130,7 +131,7 @@ async def _handle_unexpected(request: Request, exc: Exception) -> Response:
 def exception_handlers() -> dict[Any, Any]:
     """Handlers for ``Starlette(exception_handlers=...)`` so every error has OpenAI's shape."""
     return {
-        APIError: _handle_api_error,
+        APIError: handle_api_error,
         HTTPException: _handle_http_exception,
         Exception: _handle_unexpected,
     }
