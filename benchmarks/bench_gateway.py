@@ -5,10 +5,12 @@
         [--modes chat,stream] [--rates 50,100,200,400,800] [--step-seconds 3] \\
         [--upstream URL] [--no-litellm] [--no-redis] [--json PATH] [--keep]
 
-Four targets in front of the SAME upstream, all on 127.0.0.1: the upstream itself ("direct"),
-the gateway (``python -m gateway``, one tier, the shipped classifier rules, Redis at
-redis://127.0.0.1:6379/0 under a throwaway prefix), the gateway without Redis, and LiteLLM's
-proxy (pinned in requirements/bench-litellm.txt, installed into its own venv under
+Targets in front of the SAME upstream, all on 127.0.0.1: the upstream itself ("direct"), the
+least a proxy can do on the gateway's server stack (benchmarks/minimal_proxy.py: the hop's own
+cost, wake-ups of an idle machine included), the gateway (``python -m gateway``, one tier,
+the shipped classifier rules, Redis at redis://127.0.0.1:6379/0 under a throwaway prefix), the
+gateway without Redis, --gateway-processes gateways sharing Redis, and LiteLLM's proxy
+(pinned in requirements/bench-litellm.txt, installed into its own venv under
 ~/.cache/model-optimizer/envs/litellm-<hash> on first use; ``--no-litellm`` skips it).
 
 The upstream is a stub OpenAI server started by this script (fixed small chat.completion, a few
@@ -71,6 +73,7 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 LITELLM_REQUIREMENTS = ROOT / "requirements" / "bench-litellm.txt"
 PROMPT = "What is the capital of France? Answer in one word."
 DIRECT, GATEWAY, GATEWAY_LOCAL, LITELLM = "direct", "gateway", "gateway (no redis)", "litellm"
+MINIMAL = "minimal proxy"  # benchmarks/minimal_proxy.py: the hop's own cost
 MODES = ("chat", "stream")
 HELD_SHARE = 0.95  # achieved / offered rate for a step to count as held
 
@@ -820,6 +823,12 @@ def against_targets(tables: dict[str, list[dict[str, Any]]], args: argparse.Name
                 f"- {mode}, concurrency {low}: added p50 {added:+.2f} ms (target <= 1 ms: "
                 f"{verdict})"
             )
+            if MINIMAL in low_rows:
+                hop = low_rows[MINIMAL]["added_p50_ms"]
+                lines.append(
+                    f"  (of which the hop itself, as the minimal proxy adds it: {hop:+.2f} ms;"
+                    f" the gateway's own work: {added - hop:+.2f} ms)"
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -961,6 +970,13 @@ def start_targets(
         notes.append(f"upstream: stub OpenAI server at {upstream} (uvicorn, one process)")
         targets = [Target(DIRECT, upstream, stub.process.pid)]
 
+    targets.append(minimal_proxy(workdir, servers, upstream, args))
+    if not targets[-1].skipped:
+        notes.append(
+            f"{MINIMAL}: benchmarks/minimal_proxy.py (the gateway's server stack and an aiohttp"
+            " session, nothing else): what the extra hop costs by itself on this machine"
+        )
+
     tokenizer = find_tokenizer_dir()
     notes.append(
         f"gateway tokenizer_dir: {tokenizer}"
@@ -1001,6 +1017,17 @@ def start_targets(
     servers.append(server)
     targets.append(ready_target(LITELLM, server, f"http://{LOCAL}:{port}", "", args))
     return targets
+
+
+def minimal_proxy(
+    workdir: Path, servers: list[Server], upstream: str, args: argparse.Namespace
+) -> Target:
+    """benchmarks/minimal_proxy.py in front of ``upstream``, ready or skipped."""
+    port = free_port()
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "minimal_proxy.py"), upstream, str(port)]
+    server = start(MINIMAL, cmd, workdir, clean_env())
+    servers.append(server)
+    return ready_target(MINIMAL, server, f"http://{LOCAL}:{port}", "", args)
 
 
 def gateway_processes(

@@ -20,6 +20,8 @@ Bodies are relayed as they arrive, undecoded (``auto_decompress`` off), and a bo
 in an error first hands on every byte that arrived before it (aiohttp's reader raises the
 error first; the transport drains its buffer). Timeouts come from each
 request's httpx timeout (connect and read; aiohttp has no separate write or pool timeout).
+The gateway's seam (gateway/request/upstream.py) calls ``open`` directly, with the headers
+httpx would have written, so that no httpx request is built unless an error needs one.
 The aiohttp session is opened on first use, in the running event loop, and closed by
 ``aclose`` (httpx's client closes its transport).
 """

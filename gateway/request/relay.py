@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import anyio
 import httpx
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -203,8 +203,21 @@ class UpstreamStreamingResponse(StreamingResponse):
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Starlette's own __call__ runs the stream and a disconnect listener as a task group of
+        # two (uvicorn speaks ASGI 2.3); the stream runs here, cancelled by one watcher task.
+        # A send that fails (ASGI 2.4 servers raise OSError once the client has gone) is the
+        # client's disconnect, as in Starlette.
         try:
-            await super().__call__(scope, receive, send)
+            with anyio.CancelScope() as cancel:
+                watcher = asyncio.get_running_loop().create_task(
+                    _cancel_on_disconnect(receive, cancel)
+                )
+                try:
+                    await self.stream_response(send)
+                except OSError as exc:
+                    raise ClientDisconnect() from exc
+                finally:
+                    watcher.cancel()
         finally:
             # A client disconnect cancels the streaming task; close what it left open,
             # which drops the tier connection so vLLM aborts the generation.
@@ -224,7 +237,9 @@ async def unless_client_leaves(request: Request, work: Callable[[], Awaitable[T]
     client's disconnect (one task a request, not a task group of two).
     """
     with anyio.CancelScope() as scope:
-        watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(request, scope))
+        watcher = asyncio.get_running_loop().create_task(
+            _cancel_on_disconnect(request.receive, scope)
+        )
         try:
             return await work()
         finally:
@@ -232,7 +247,7 @@ async def unless_client_leaves(request: Request, work: Callable[[], Awaitable[T]
     return None  # the scope was cancelled: the client left
 
 
-async def _cancel_on_disconnect(request: Request, scope: anyio.CancelScope) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
+async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
         pass
     scope.cancel()

@@ -149,7 +149,10 @@ class Upstream:
     that wants a whole client (gateway/control/resets.py). A completion request goes to
     ``transport`` directly when one is given — the client's own: httpx's layers between the
     two (redirects, auth, a cookie jar filled from every answer, the URL parsed again each
-    time) cost a tenth of the gateway's CPU per request and do nothing here.
+    time) cost a tenth of the gateway's CPU per request and do nothing here. With the aiohttp
+    transport it goes further: no httpx request is built (the headers httpx would write are
+    written directly; the request is built only for an error to name), and a whole answer is
+    read at once instead of a chunk at a time.
     """
 
     def __init__(
@@ -243,8 +246,13 @@ class Upstream:
         self, tier: TierEndpoint, response: httpx.Response
     ) -> AsyncGenerator[bytes, None]:
         """The response body as it arrives, undecoded; httpx errors become ``APIError``."""
+        # aiohttp's body is read straight (httpx's aiter_raw adds a generator and a chunker
+        # per chunk); the caller closes the response either way.
+        chunks = (
+            response.stream if isinstance(response.stream, AiohttpBody) else response.aiter_raw()
+        )
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in chunks:
                 yield chunk
         except httpx.HTTPError as exc:
             raise translate_error(exc, tier) from exc
