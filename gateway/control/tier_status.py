@@ -71,6 +71,7 @@ class TierBoard:
         self._scrapes: dict[tuple[str, str], Scrape] = {}
         self._marks: dict[str, TierState] = {}  # the reset coordinator's, e.g. draining
         self._endpoint_marks: dict[tuple[str, str], TierState] = {}
+        self._endpoints: dict[tuple[str, str], TierEndpoint] = {}  # endpoint()'s, made once
         self.guard = LiveGuard()  # classes shadow comparisons withheld from a tier
 
     # ------------------------------------------------------------------ pools
@@ -91,11 +92,19 @@ class TierBoard:
             del self._scrapes[key]
         for key in [k for k in self._endpoint_marks if k[0] == name and k[1] not in kept]:
             del self._endpoint_marks[key]
+        for key in [k for k in self._endpoints if k[0] == name and k[1] not in kept]:
+            del self._endpoints[key]
         return True
 
     def endpoint(self, name: str, url: str) -> TierEndpoint:
-        """The tier as one of its endpoints sees it (what ``Upstream.send`` takes)."""
-        return self.tiers[name].model_copy(update={"base_url": url})
+        """The tier as one of its endpoints sees it (what ``Upstream.send`` takes); made once
+        per endpoint (a frozen model: every request of the endpoint shares it)."""
+        found = self._endpoints.get((name, url))
+        if found is None:
+            found = self._endpoints[(name, url)] = self.tiers[name].model_copy(
+                update={"base_url": url}
+            )
+        return found
 
     # ------------------------------------------------------------------ what is known
 

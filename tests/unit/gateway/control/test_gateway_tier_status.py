@@ -139,3 +139,15 @@ def test_a_pool_is_saturated_only_when_every_endpoint_is() -> None:
     assert isinstance(endpoints, list)
     assert [(e["url"], e["kv_cache_usage"]) for e in endpoints] == [(A, 0.95), (B, 0.1)]
     assert described["kv_cache_usage"] == 0.95  # the tier's own figures: its first endpoint's
+
+
+def test_an_endpoint_is_made_once_and_forgotten_when_it_leaves_the_pool() -> None:
+    board = TierBoard([POOL])
+    first = board.endpoint("int8", A)
+    assert (first.name, first.base_url) == ("int8", A)
+    assert board.endpoint("int8", A) is first  # shared by every request to A
+    assert board.endpoint("int8", B).base_url == B
+    board.set_pool("int8", [B])
+    board.set_pool("int8", [A, B])  # A left and came back: made again
+    assert board.endpoint("int8", A) is not first
+    assert board.endpoint("int8", A) == first
