@@ -8,7 +8,8 @@ finished once, in ``_finish``, when its answer is complete:
   (``set_outcome``) or the exception that left the block (``APIError``: its status and code;
   anything else: 500 ``internal_error``);
 - or, once handed to a streamed answer (``hand_to_stream``), when that stream ends, however it
-  ends (``stream_ended``; the block then leaves it open unless an exception left it).
+  ends (``stream_ended``); once handed to a whole answer (``hand_to_answer``), when it has been
+  sent (``answer_sent``). The block then leaves it open unless an exception left it.
 
 Finishing records the Prometheus series (gateway/metrics.py), ends the children and then the
 request's span with its attributes (gateway/telemetry.py), releases the tier's in-flight slot
@@ -135,6 +136,15 @@ class Exchange:
         """A streamed answer now owns the exchange: ``stream_ended`` finishes it."""
         self.streamed = True
 
+    def hand_to_answer(self) -> None:
+        """A whole answer being sent now owns the exchange: ``answer_sent`` finishes it, so the
+        bookkeeping comes after the answer is on its way, as it does for a stream."""
+        self.streamed = True
+
+    async def answer_sent(self) -> None:
+        """The whole answer was sent (or sending it failed): finish."""
+        await self._finish()
+
     async def stream_ended(self, status: int, output_tokens: int) -> None:
         """The streamed answer is over (done, failed or the client left): finish."""
         self.output_tokens = output_tokens
@@ -148,9 +158,6 @@ class Exchange:
         self.finished = True
         if self.on_finish is not None:
             self.on_finish()
-        if self.holds_slot:
-            with anyio.CancelScope(shield=True):  # may run in a scope the client's leaving cancels
-                await self.release()
         duration = self.clock() - self.started
         self.metrics.observe_request(
             self.cls,
@@ -170,6 +177,11 @@ class Exchange:
             child.set_attribute(ATTR_TIER, self.tier)
             child.end()
         self.span.end()
+        # Last: the only step that may wait (a Redis write when shared_flush_interval is 0), so
+        # the metrics and spans above are recorded before anything else can run.
+        if self.holds_slot:
+            with anyio.CancelScope(shield=True):  # may run in a scope the client's leaving cancels
+                await self.release()
 
     def _record(self, duration: float) -> RequestRecord:
         return RequestRecord(

@@ -280,8 +280,8 @@ async def _completion(
         raw = await runtime.upstream.read(tier, response)
         prompt_tokens, exchange.output_tokens = usage_tokens(raw)
         exchange.input_tokens = prompt_tokens or exchange.input_tokens
-        answer = whole_response(tier, response, raw, answer_headers, full)
-        exchange.set_outcome(answer.status_code)
+        exchange.set_outcome(response.status_code)
+        answer = whole_response(tier, response, raw, answer_headers, full, exchange)
         if response.status_code == 200:
             return answer, dataclasses.replace(shadow, answer=raw)
         return answer, None

@@ -132,14 +132,46 @@ def whole_response(
     raw: bytes,
     headers: Mapping[str, str],
     full: bool = True,
-) -> Response:
-    """Relay a complete upstream answer with its status; errors keep OpenAI's shape."""
+    exchange: Exchange | None = None,
+) -> WholeAnswer:
+    """Relay a complete upstream answer with its status; errors keep OpenAI's shape. Handed
+    ``exchange``, the answer finishes it once sent."""
     status = upstream_response.status_code
     if status >= 400:
         body = normalise_error(status, tier, raw, full)
-        return JSONResponse(body, status_code=status, headers=dict(headers))
+        content = bytes(JSONResponse(body).body)  # JSONResponse's own encoding
+        return WholeAnswer(content, status, "application/json", headers, exchange)
     media_type = upstream_response.headers.get("content-type", "application/json")
-    return Response(raw, status_code=status, media_type=media_type, headers=dict(headers))
+    return WholeAnswer(raw, status, media_type, headers, exchange)
+
+
+class WholeAnswer(Response):
+    """A whole answer that finishes its exchange once sent, however the sending ends: the
+    bookkeeping (metrics, spans, the in-flight slot; gateway/request/exchange.py) runs after
+    the answer is on its way instead of in front of it, as it does for a stream. The same
+    task goes on to it without waiting for anything, so a client that reads /metrics after
+    its answer still finds the request counted."""
+
+    def __init__(
+        self,
+        content: bytes,
+        status_code: int,
+        media_type: str,
+        headers: Mapping[str, str],
+        exchange: Exchange | None = None,
+    ) -> None:
+        super().__init__(content, status_code, dict(headers), media_type)
+        self._exchange = exchange
+        if exchange is not None:
+            exchange.hand_to_answer()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self._exchange is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._exchange.answer_sent()
 
 
 async def relay_sse(

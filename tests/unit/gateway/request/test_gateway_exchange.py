@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import anyio
+import httpx
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from gateway.config import TierEndpoint
 from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
 from gateway.request.exchange import Exchange, SSECounter, usage_tokens
+from gateway.request.relay import whole_response
 from gateway.shared.state import SharedState
 from gateway.telemetry import build_tracer_provider
 
@@ -146,3 +149,44 @@ def test_usage_tokens_of_a_whole_answer() -> None:
     assert usage_tokens(b'{"usage": {"prompt_tokens": 5, "completion_tokens": 9}}') == (5, 9)
     assert usage_tokens(b"not json") == (None, None)
     assert usage_tokens(b'{"usage": null}') == (None, None)
+
+
+@pytest.mark.parametrize("send_fails", [False, True], ids=["sent", "send failed"])
+def test_a_whole_answer_finishes_its_exchange_once_sent(send_fails: bool) -> None:
+    """Handed to a whole answer, the exchange is still open while the answer's bytes go out
+    and finished (span ended, request counted, slot released) right after, however the
+    sending ended; its ``async with`` block leaves it open."""
+    exchange, shared, exporter, metrics = _exchange()
+    tier = TierEndpoint(name="fp16", base_url="http://127.0.0.1:9")
+    seen_while_sending: list[bool] = []
+
+    async def send(message: dict[str, object]) -> None:
+        seen_while_sending.append(exchange.finished)
+        if send_fails and message["type"] == "http.response.body":
+            raise OSError("client went away")
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.disconnect"}
+
+    async def main() -> None:
+        await exchange.acquire("fp16")
+        async with exchange:
+            exchange.set_outcome(200)
+            upstream = httpx.Response(200, headers={"content-type": "application/json"})
+            answer = whole_response(
+                tier, upstream, b'{"ok":1}', {"x-route-tier": "fp16"}, True, exchange
+            )
+        assert not exchange.finished  # the block left it to the answer
+        scope = {"type": "http", "asgi": {"spec_version": "2.3"}}
+        if send_fails:
+            with pytest.raises(OSError):
+                await answer(scope, receive, send)
+        else:
+            await answer(scope, receive, send)
+
+    anyio.run(main)
+    assert seen_while_sending and not any(seen_while_sending)
+    assert exchange.finished and shared.ended == ["fp16"]
+    assert [s.name for s in exporter.get_finished_spans()] == ["gateway.request"]
+    text = metrics.render(None)[0].decode()
+    assert 'gateway_requests_total{class="none",status="200",tier="fp16"} 1.0' in text
