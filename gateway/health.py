@@ -1,5 +1,5 @@
 """Liveness (``/healthz``: the runtime is up) and readiness (``/readyz``: some tier answers
-``/health`` with 200)."""
+``/health`` with 200 and the router would send it requests)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import asyncio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from backends.tier_state import TierState
 from gateway.config import TierEndpoint
+from gateway.control.tier_status import scrape_tier
 from gateway.errors import SERVER_ERROR, APIError, error_response
 from gateway.request.upstream import Upstream, UpstreamTimeout, UpstreamUnavailable, aclose_quietly
-from gateway.runtime import Runtime, get_config, get_upstream
+from gateway.runtime import Runtime, get_runtime
 
 
 async def healthz(request: Request) -> Response:
@@ -39,14 +41,51 @@ async def probe_tier(upstream: Upstream, tier: TierEndpoint, timeout: float) -> 
 
 
 async def readyz(request: Request) -> Response:
-    """200 with each tier's state if at least one tier is healthy, else 503."""
-    config = get_config(request)
-    upstream = get_upstream(request)
+    """200 with each tier's state if at least one tier is healthy and routed, else 503.
+
+    Each tier's ``/health`` is probed now; a tier that answers but that the router still holds
+    down from its last scrape (it came up after the gateway, say) is scraped again at once, so
+    that "ready" means a request would be routed rather than answered 503 until the next
+    scrape. A tier healthy but held out by a mark (a KV-pool reset) is reported as such and not
+    counted."""
+    runtime = get_runtime(request)
+    config = runtime.config
     states = await asyncio.gather(
-        *(probe_tier(upstream, tier, config.connect_timeout) for tier in config.tiers)
+        *(probe_tier(runtime.upstream, tier, config.connect_timeout) for tier in config.tiers)
     )
     tiers = {tier.name: state for tier, state in zip(config.tiers, states, strict=True)}
-    if "ok" in states:
+    stale = [name for name, state in tiers.items() if state == "ok" and _held(runtime, name)]
+    if stale:
+        await _scrape_now(runtime, stale)
+    for name, state in tiers.items():
+        if state == "ok" and _held(runtime, name):
+            tiers[name] = f"ok, not routed ({runtime.board.state(name)})"
+    if "ok" in tiers.values():
         return JSONResponse({"status": "ready", "tiers": tiers})
     summary = ", ".join(f"{name} {state}" for name, state in tiers.items())
     return error_response(503, f"no tier is ready ({summary})", SERVER_ERROR, code="not_ready")
+
+
+def _held(runtime: Runtime, name: str) -> bool:
+    """Whether the router would not send tier ``name`` a request now."""
+    return runtime.board.state(name) != TierState.READY
+
+
+async def _scrape_now(runtime: Runtime, names: list[str]) -> None:
+    """Scrape every endpoint of the tiers ``names`` now and record what was seen."""
+    now = asyncio.get_running_loop().time()
+    jobs = [(name, url) for name in names for url in runtime.board.pool(name)]
+    scrapes = await asyncio.gather(
+        *(
+            scrape_tier(
+                runtime.upstream,
+                runtime.board.endpoint(name, url),
+                runtime.config.model_name,
+                runtime.config.connect_timeout,
+                now,
+            )
+            for name, url in jobs
+        )
+    )
+    for (name, url), scrape in zip(jobs, scrapes, strict=True):
+        runtime.board.record(name, scrape, url)

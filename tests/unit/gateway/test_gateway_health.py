@@ -7,6 +7,7 @@ from typing import Any
 import httpx
 
 MODEL = "stub-model"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
 def test_healthz_is_ok_without_any_tier(
@@ -73,3 +74,20 @@ def test_models_without_tiers_is_503(
     response = client.get(f"{gateway}/v1/models")
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "no_tier_available"
+
+
+def test_readyz_brings_the_router_up_to_date_with_a_tier_that_came_up(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    """A tier down at the gateway's first scrape and healthy since: /readyz scrapes it at once,
+    so "ready" means a request is routed now, not 503 until the next scrape (a minute away)."""
+    stub.health_status = 503  # still loading when the gateway starts
+    gateway = start_gateway(stub.url, metrics_interval=60)
+    assert client.get(f"{gateway}/readyz").status_code == 503
+    refused = client.post(f"{gateway}/v1/chat/completions", json=CHAT)
+    assert refused.status_code == 503  # the router holds it down
+    stub.health_status = 200
+    ready = client.get(f"{gateway}/readyz")
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["tiers"] == {"t0": "ok"}
+    assert client.post(f"{gateway}/v1/chat/completions", json=CHAT).status_code == 200
