@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -43,37 +44,38 @@ async def probe_tier(upstream: Upstream, tier: TierEndpoint, timeout: float) -> 
 async def readyz(request: Request) -> Response:
     """200 with each tier's state if at least one tier is healthy and routed, else 503.
 
-    Each tier's ``/health`` is probed now; a tier that answers but that the router still holds
-    down from its last scrape (it came up after the gateway, say) is scraped again at once, so
-    that "ready" means a request would be routed rather than answered 503 until the next
-    scrape. A tier healthy but held out by a mark (a KV-pool reset) is reported as such and not
-    counted."""
+    Each tier's ``/health`` is probed now. A tier that answers but that the router still holds
+    down from its last scrape (it came up after the gateway, say) is scraped again at once,
+    within ``connect_timeout`` in all, so that "ready" means a request would be routed rather
+    than answered 503 until the next scrape. A tier held out by a mark (a KV-pool reset) or by
+    its supervisor is reported as such, not scraped, and not counted."""
     runtime = get_runtime(request)
     config = runtime.config
     states = await asyncio.gather(
         *(probe_tier(runtime.upstream, tier, config.connect_timeout) for tier in config.tiers)
     )
     tiers = {tier.name: state for tier, state in zip(config.tiers, states, strict=True)}
-    stale = [name for name, state in tiers.items() if state == "ok" and _held(runtime, name)]
+    stale = [
+        name
+        for name, state in tiers.items()
+        if state == "ok" and runtime.board.state(name) == TierState.DOWN
+    ]
     if stale:
-        await _scrape_now(runtime, stale)
+        with anyio.move_on_after(config.connect_timeout):
+            await _scrape_now(runtime, stale)
     for name, state in tiers.items():
-        if state == "ok" and _held(runtime, name):
-            tiers[name] = f"ok, not routed ({runtime.board.state(name)})"
+        held = runtime.board.state(name)
+        if state == "ok" and held != TierState.READY:
+            tiers[name] = f"ok, not routed ({held})"
     if "ok" in tiers.values():
         return JSONResponse({"status": "ready", "tiers": tiers})
     summary = ", ".join(f"{name} {state}" for name, state in tiers.items())
     return error_response(503, f"no tier is ready ({summary})", SERVER_ERROR, code="not_ready")
 
 
-def _held(runtime: Runtime, name: str) -> bool:
-    """Whether the router would not send tier ``name`` a request now."""
-    return runtime.board.state(name) != TierState.READY
-
-
 async def _scrape_now(runtime: Runtime, names: list[str]) -> None:
     """Scrape every endpoint of the tiers ``names`` now and record what was seen."""
-    now = asyncio.get_running_loop().time()
+    now = anyio.current_time()
     jobs = [(name, url) for name in names for url in runtime.board.pool(name)]
     scrapes = await asyncio.gather(
         *(

@@ -101,9 +101,9 @@ class TierBoard:
         per endpoint (a frozen model: every request of the endpoint shares it)."""
         found = self._endpoints.get((name, url))
         if found is None:
-            found = self._endpoints[(name, url)] = self.tiers[name].model_copy(
-                update={"base_url": url}
-            )
+            found = self.tiers[name].model_copy(update={"base_url": url})
+            if url in self._pools[name]:  # one that left its pool is not remembered
+                self._endpoints[(name, url)] = found
         return found
 
     # ------------------------------------------------------------------ what is known

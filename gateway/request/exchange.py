@@ -158,30 +158,35 @@ class Exchange:
         self.finished = True
         if self.on_finish is not None:
             self.on_finish()
-        duration = self.clock() - self.started
-        self.metrics.observe_request(
-            self.cls,
-            self.tier,
-            str(self.status),
-            duration,
-            self.ttft,
-            self.input_tokens,
-            self.output_tokens,
-        )
-        if self.error is not None:
-            self.metrics.reject(self.error)
-        self._annotate(self.status, self.error)
-        if self.log is not None and self.log.wants(self.status):
-            self.log.record(self._record(duration))
-        for child in self._children:
-            child.set_attribute(ATTR_TIER, self.tier)
-            child.end()
-        self.span.end()
-        # Last: the only step that may wait (a Redis write when shared_flush_interval is 0), so
-        # the metrics and spans above are recorded before anything else can run.
-        if self.holds_slot:
-            with anyio.CancelScope(shield=True):  # may run in a scope the client's leaving cancels
-                await self.release()
+        try:
+            duration = self.clock() - self.started
+            self.metrics.observe_request(
+                self.cls,
+                self.tier,
+                str(self.status),
+                duration,
+                self.ttft,
+                self.input_tokens,
+                self.output_tokens,
+            )
+            if self.error is not None:
+                self.metrics.reject(self.error)
+            self._annotate(self.status, self.error)
+            if self.log is not None and self.log.wants(self.status):
+                self.log.record(self._record(duration))
+            for child in self._children:
+                child.set_attribute(ATTR_TIER, self.tier)
+                child.end()
+            self.span.end()
+        finally:
+            # Last, whatever the bookkeeping did: the only step that may wait (a Redis write
+            # when shared_flush_interval is 0), so the metrics and spans above are recorded
+            # before anything else can run.
+            if self.holds_slot:
+                with anyio.CancelScope(
+                    shield=True
+                ):  # may run in a scope the client's leaving cancels
+                    await self.release()
 
     def _record(self, duration: float) -> RequestRecord:
         return RequestRecord(

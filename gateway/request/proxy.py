@@ -300,9 +300,14 @@ def saturation_limits(policy: RoutingPolicy) -> Saturation:
 
 
 def offer_shadow(runtime: Runtime, job: ShadowJob) -> None:
-    """Offer an answered request to shadow sampling (gateway/control/shadow.py); never waits."""
+    """Offer an answered request to shadow sampling (gateway/control/shadow.py); never waits
+    and never raises: a sample that cannot start (its task group closed at shutdown, say)
+    must not cost the client an answer the tier already gave, nor leave its exchange open."""
     policy = runtime.policies.active.policy.shadow
-    runtime.shadow.offer(policy, job, runtime.admission.current, runtime.admission.limit)
+    try:
+        runtime.shadow.offer(policy, job, runtime.admission.current, runtime.admission.limit)
+    except Exception:
+        logger.exception("shadow sampling could not take a %s answer; it is dropped", job.tier)
 
 
 async def chat_completions(request: Request) -> Response:

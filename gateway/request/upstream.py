@@ -83,9 +83,13 @@ class UpstreamFailed(APIError):
 
 
 def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The subset of client headers a tier may see, plus ``accept-encoding: identity``."""
+    """The subset of client headers a tier may see, plus ``accept-encoding: identity``. A value
+    that is not ASCII stays behind too: none of these carries one legitimately, and the
+    transports would send it differently (httpx refuses it, aiohttp re-encodes it)."""
     kept = {
-        key.lower(): value for key, value in headers.items() if key.lower() in FORWARDED_HEADERS
+        key.lower(): value
+        for key, value in headers.items()
+        if key.lower() in FORWARDED_HEADERS and value.isascii()
     }
     # Raw bytes are relayed as they come, so ask the tier not to compress them.
     kept["accept-encoding"] = "identity"

@@ -151,3 +151,11 @@ def test_an_endpoint_is_made_once_and_forgotten_when_it_leaves_the_pool() -> Non
     board.set_pool("int8", [A, B])  # A left and came back: made again
     assert board.endpoint("int8", A) is not first
     assert board.endpoint("int8", A) == first
+
+
+def test_an_endpoint_outside_the_pool_is_not_remembered() -> None:
+    """A scrape still running for an endpoint its pool just dropped asks for it once more."""
+    board = TierBoard([POOL])
+    board.set_pool("int8", [A])
+    gone = board.endpoint("int8", B)
+    assert gone.base_url == B and board.endpoint("int8", B) is not gone

@@ -190,3 +190,21 @@ def test_a_whole_answer_finishes_its_exchange_once_sent(send_fails: bool) -> Non
     assert [s.name for s in exporter.get_finished_spans()] == ["gateway.request"]
     text = metrics.render(None)[0].decode()
     assert 'gateway_requests_total{class="none",status="200",tier="fp16"} 1.0' in text
+
+
+def test_the_slot_is_released_even_when_the_bookkeeping_fails() -> None:
+    exchange, shared, _, metrics = _exchange()
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a metrics bug")
+
+    metrics.observe_request = broken  # type: ignore[method-assign]
+
+    async def main() -> None:
+        await exchange.acquire("int4")
+        with pytest.raises(RuntimeError, match="a metrics bug"):
+            async with exchange:
+                exchange.set_outcome(200)
+        assert await shared.in_flight() == {"int4": 0}
+
+    anyio.run(main)

@@ -22,6 +22,7 @@ from gateway.request.proxy import (
     UpstreamStreamingResponse,
     check_model,
     nested_deeper_than,
+    offer_shadow,
     parse_json_object,
     wants_stream,
 )
@@ -568,3 +569,23 @@ def test_a_whole_answer_longer_than_the_first_byte_timeout_is_not_generated_twic
     assert response.status_code == 200, response.text
     assert response.headers["x-route-tier"] == "t0"
     assert len(first.requests) == 1 and spare.requests == []
+
+
+def test_a_shadow_sample_that_cannot_start_costs_the_answer_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The sampler raising (its task group closed at shutdown) is logged; the caller, about to
+    send the tier's answer, goes on."""
+    from types import SimpleNamespace
+
+    def closed(*args: object) -> str:
+        raise RuntimeError("this task group is not active")
+
+    runtime = SimpleNamespace(
+        policies=SimpleNamespace(active=SimpleNamespace(policy=SimpleNamespace(shadow=None))),
+        shadow=SimpleNamespace(offer=closed),
+        admission=SimpleNamespace(current=1, limit=8),
+    )
+    job = SimpleNamespace(tier="int4")
+    offer_shadow(runtime, job)  # type: ignore[arg-type]
+    assert "shadow sampling could not take a int4 answer" in caplog.text

@@ -48,6 +48,12 @@ def test_forward_headers_keeps_only_safe_ones() -> None:
     }
 
 
+def test_forward_headers_leave_a_value_that_is_not_ascii_behind() -> None:
+    """As the server decoded it (latin-1): httpx would refuse it, aiohttp re-encode it."""
+    kept = forward_headers({"X-Request-ID": "caf\xe9", "Accept": "*/*"})
+    assert kept == {"accept": "*/*", "accept-encoding": "identity"}
+
+
 @pytest.mark.parametrize(
     ("exc", "kind", "status"),
     [
