@@ -80,18 +80,22 @@ def test_two_gateway_processes_see_the_same_in_flight_counts(
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(httpx.post, f"{first}/v1/chat/completions", json=body, timeout=120)
         # The second replica never sees this request, yet counts it (through Redis).
-        wait_until(lambda: _in_flight(second).get("int4") == 1 and not answer.done(), 20)
-        assert _in_flight(first)["int4"] == 1
+        wait_until(lambda: _shared_in_flight(second) == 1 and not answer.done(), 20)
+        wait_until(lambda: _shared_in_flight(first) == 1, 5)
         response = answer.result(timeout=120)
     assert response.status_code == 200, response.text
     assert response.headers["x-route-tier"] == "int4"
     assert response.json()["usage"]["completion_tokens"] == 200
-    wait_until(lambda: _in_flight(second)["int4"] == 0 and _in_flight(first)["int4"] == 0, 20)
+    wait_until(lambda: _shared_in_flight(second) == 0 and _shared_in_flight(first) == 0, 20)
 
 
-def _in_flight(url: str) -> dict[str, int]:
+def _shared_in_flight(url: str) -> int | None:
+    """int4's in-flight count as the replica reads it from Redis; None while the replica is on
+    its local state (a Redis call past its 0.25 s bound on a loaded CI machine makes it fall
+    back until its retry finds Redis again: seen once in CI, as 'shared_state' false)."""
     response = httpx.get(f"{url}/admin/tiers", headers={"Authorization": f"Bearer {KEY}"})
     assert response.status_code == 200, response.text
     payload = response.json()
-    assert payload["shared_state"] is True
-    return {name: int(entry["in_flight"]) for name, entry in payload["tiers"].items()}
+    if payload["shared_state"] is not True:
+        return None
+    return int(payload["tiers"]["int4"]["in_flight"])
