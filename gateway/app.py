@@ -34,7 +34,7 @@ from gateway.control.shadow import ShadowSampler, encoder
 from gateway.control.tier_dns import resolve_forever, resolve_pools
 from gateway.control.tier_memory import TierMemory, TierPids
 from gateway.control.tier_signals import derive_signals
-from gateway.control.tier_status import SupervisorStates, TierBoard, scrape_tier
+from gateway.control.tier_status import SupervisorStates, TierBoard, scrape_pools
 from gateway.errors import exception_handlers
 from gateway.health import healthz, readyz
 from gateway.measured import tier_figures
@@ -236,20 +236,11 @@ def load_counter(config: GatewayConfig) -> PromptCounter:
 
 async def scrape_all(runtime: Runtime) -> None:
     """Scrape every endpoint of every tier once (concurrently) and publish what was seen."""
-    now = anyio.current_time()
-    timeout = runtime.config.connect_timeout
-    model = runtime.config.model_name
-
-    async def one(name: str, url: str) -> None:
-        endpoint = runtime.board.endpoint(name, url)
-        scrape = await scrape_tier(runtime.upstream, endpoint, model, timeout, now)
-        runtime.board.record(name, scrape, url)
-
-    before = {name: runtime.board.state(name) for name in runtime.board.tiers}
-    async with anyio.create_task_group() as group:
-        for name in runtime.board.tiers:
-            for url in runtime.board.pool(name):  # every endpoint of every tier's pool
-                group.start_soon(one, name, url)
+    config, board = runtime.config, runtime.board
+    before = {name: board.state(name) for name in board.tiers}
+    await scrape_pools(
+        runtime.upstream, board, board.tiers, config.model_name, config.connect_timeout
+    )
     await apply_shared_marks(runtime, SharedRecords(runtime.shared))
     await runtime.memory.sample()
     states = {name: status.state for name, status in runtime.board.statuses().items()}

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from backends.tier_state import TierState
 from gateway.config import TierEndpoint
-from gateway.control.tier_status import scrape_tier
+from gateway.control.tier_status import scrape_pools
 from gateway.errors import SERVER_ERROR, APIError, error_response
 from gateway.request.upstream import Upstream, UpstreamTimeout, UpstreamUnavailable, aclose_quietly
 from gateway.runtime import Runtime, get_runtime
@@ -62,7 +62,8 @@ async def readyz(request: Request) -> Response:
     ]
     if stale:
         with anyio.move_on_after(config.connect_timeout):
-            await _scrape_now(runtime, stale)
+            upstream, board = runtime.upstream, runtime.board
+            await scrape_pools(upstream, board, stale, config.model_name, config.connect_timeout)
     for name, state in tiers.items():
         held = runtime.board.state(name)
         if state == "ok" and held != TierState.READY:
@@ -71,23 +72,3 @@ async def readyz(request: Request) -> Response:
         return JSONResponse({"status": "ready", "tiers": tiers})
     summary = ", ".join(f"{name} {state}" for name, state in tiers.items())
     return error_response(503, f"no tier is ready ({summary})", SERVER_ERROR, code="not_ready")
-
-
-async def _scrape_now(runtime: Runtime, names: list[str]) -> None:
-    """Scrape every endpoint of the tiers ``names`` now and record what was seen."""
-    now = anyio.current_time()
-    jobs = [(name, url) for name in names for url in runtime.board.pool(name)]
-    scrapes = await asyncio.gather(
-        *(
-            scrape_tier(
-                runtime.upstream,
-                runtime.board.endpoint(name, url),
-                runtime.config.model_name,
-                runtime.config.connect_timeout,
-                now,
-            )
-            for name, url in jobs
-        )
-    )
-    for (name, url), scrape in zip(jobs, scrapes, strict=True):
-        runtime.board.record(name, scrape, url)

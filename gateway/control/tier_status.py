@@ -15,8 +15,10 @@ own, and the tier is ready when any endpoint is (its load: its least loaded read
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+import anyio
 
 from backends.metrics import MetricsParseError, TierMetrics, parse_metrics
 from backends.tier_state import TierState
@@ -258,6 +260,27 @@ _LOAD_FIELDS = (
     "kv_cache_usage",
     "preemptions",
 )
+
+
+async def scrape_pools(
+    upstream: Upstream,
+    board: TierBoard,
+    names: Iterable[str],
+    model_name: str,
+    timeout: float,
+) -> None:
+    """Scrape every endpoint of the tiers ``names`` once, concurrently, and record what was
+    seen on ``board``."""
+    now = anyio.current_time()
+
+    async def one(name: str, url: str) -> None:
+        scrape = await scrape_tier(upstream, board.endpoint(name, url), model_name, timeout, now)
+        board.record(name, scrape, url)
+
+    async with anyio.create_task_group() as group:
+        for name in names:
+            for url in board.pool(name):  # every endpoint of the tier's pool
+                group.start_soon(one, name, url)
 
 
 async def scrape_tier(

@@ -77,7 +77,7 @@ class Exchange:
         self.on_finish = on_finish
         self.status: int = 500  # the outcome until one is recorded
         self.error: str | None = "internal_error"
-        self.streamed = False  # handed to a streamed answer, which finishes it
+        self.handed_over = False  # to a stream or a whole answer, which finishes it
         self.finished = False
         self._tracer = tracer
         self._children: list[Span] = []  # ended before the request's span
@@ -95,7 +95,8 @@ class Exchange:
             self.set_outcome(exc.status, exc.code or "error")
         elif exc is not None:
             self.set_outcome(500, "internal_error")
-        if exc is not None or not self.streamed:  # a stream that will not run cannot finish it
+        # An answer that will not be sent (an exception left the block) cannot finish it.
+        if exc is not None or not self.handed_over:
             await self._finish()
 
     def child(self, name: str) -> Span:
@@ -134,12 +135,12 @@ class Exchange:
 
     def hand_to_stream(self) -> None:
         """A streamed answer now owns the exchange: ``stream_ended`` finishes it."""
-        self.streamed = True
+        self.handed_over = True
 
     def hand_to_answer(self) -> None:
         """A whole answer being sent now owns the exchange: ``answer_sent`` finishes it, so the
         bookkeeping comes after the answer is on its way, as it does for a stream."""
-        self.streamed = True
+        self.handed_over = True
 
     async def answer_sent(self) -> None:
         """The whole answer was sent (or sending it failed): finish."""
@@ -183,9 +184,8 @@ class Exchange:
             # when shared_flush_interval is 0), so the metrics and spans above are recorded
             # before anything else can run.
             if self.holds_slot:
-                with anyio.CancelScope(
-                    shield=True
-                ):  # may run in a scope the client's leaving cancels
+                # shielded: it may run in a scope the client's leaving cancels
+                with anyio.CancelScope(shield=True):
                     await self.release()
 
     def _record(self, duration: float) -> RequestRecord:

@@ -201,7 +201,7 @@ class Upstream:
     ) -> httpx.Response:
         limits = httpx.Timeout(timeout) if timeout is not None else self.client.timeout
         if isinstance(self.transport, AiohttpTransport):
-            return await self._open(tier, method, path, json_body, headers, limits)
+            return await self._open(self.transport, tier, method, path, json_body, headers, limits)
         if self.transport is None:
             request = self.client.build_request(
                 method, tier.base_url + path, json=json_body, headers=headers, timeout=limits
@@ -220,6 +220,7 @@ class Upstream:
 
     async def _open(
         self,
+        transport: AiohttpTransport,
         tier: TierEndpoint,
         method: str,
         path: str,
@@ -229,7 +230,6 @@ class Upstream:
     ) -> httpx.Response:
         """Straight to aiohttp, with the headers httpx would have built (Host, Content-Length,
         a default Content-Type for a JSON body) and no httpx request unless one is needed."""
-        assert isinstance(self.transport, AiohttpTransport)
         url, host = _target(tier.base_url, path)
         body = b"" if json_body is None else json_bytes(json_body)
         sent = [("Host", host), *headers.items()]
@@ -242,9 +242,7 @@ class Upstream:
             return httpx.Request(method, url, headers=sent, content=body)
 
         # The answer carries no request (``response.request`` is unset): nothing here reads it.
-        return await self.transport.open(
-            method, url, sent, body, limits.connect, limits.read, request
-        )
+        return await transport.open(method, url, sent, body, limits.connect, limits.read, request)
 
     async def iter_raw(
         self, tier: TierEndpoint, response: httpx.Response
