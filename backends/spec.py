@@ -36,6 +36,7 @@ from common.variant_folder import METADATA, failed_report_path
 TierName = Literal["fp16", "int8", "int4"]
 Device = Literal["auto", "cpu", "cuda"]
 KVCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+ServingDtype = Literal["bfloat16", "float16", "float32"]
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
 NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
 Seconds = Annotated[float, Field(strict=True, gt=0)]
@@ -80,6 +81,7 @@ class TierSpec(Section):
     max_num_seqs: PositiveInt | None = None
     max_num_batched_tokens: PositiveInt | None = None
     kv_cache_dtype: KVCacheDtype | None = None
+    dtype: ServingDtype | None = None  # --dtype; None: what this machine needs (backends/platform)
     compile_level: int | None = Field(default=None, strict=True, ge=0, le=3)
     # cuda: --enable-sleep-mode, so KV resets sleep and wake the tier (CPU: ignored, vLLM refuses).
     sleep_mode: bool = Field(default=True, strict=True)
@@ -385,6 +387,7 @@ def _plan_tier(
         kv_cache_memory_bytes=kv_bytes,
         gpu_memory_utilization=tier.gpu_memory_utilization if device == "cuda" else None,
         kv_cache_dtype=None if dtype == "auto" else dtype,
+        dtype=tier.dtype,
         cpu_threads=threads,
         sleep_mode=tier.sleep_mode and device == "cuda",
         # vLLM's -O<n> is its optimization level (0 = no compile); CPU is always eager.

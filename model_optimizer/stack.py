@@ -23,6 +23,7 @@ import httpx
 import uvicorn
 
 from backends.platform import (
+    dtype_reason,
     emulation_reason,
     machine_flags,
     native_precisions,
@@ -188,7 +189,7 @@ def phase_emulation(launches: list[TierLaunch], variants: Path, device: str) -> 
     native = native_precisions(device, flags)
     dtype = serving_dtype(device, flags)
     if dtype is not None:
-        _say(f"tiers run as {dtype}: this CPU's AMX bf16 kernels answer wrong tokens in vLLM")
+        _say(f"tiers run as {dtype}: {dtype_reason(flags)}")
     out = []
     for launch in launches:
         launch = dataclasses.replace(launch, dtype=launch.dtype or dtype)
