@@ -171,6 +171,14 @@ def test_fp8_kv_cache_only_on_cuda() -> None:
     assert "tiers[2].kv_cache_dtype: fp8 KV cache needs cuda" in message
 
 
+def test_a_pinned_dtype_reaches_the_launch() -> None:
+    spec = parse_spec(THREE.replace("port: 8102", "port: 8102, dtype: float32"), "t.yaml")
+    launches = _plan(spec, "cpu")
+    assert launches[1].dtype == "float32" and launches[0].dtype is None
+    message = _error(THREE.replace("port: 8102", "port: 8102, dtype: fp32"))
+    assert message.startswith("t.yaml:4: tiers[1].dtype: ")
+
+
 def test_batched_tokens_at_least_num_seqs() -> None:
     message = _error(
         THREE.replace("port: 8101", "port: 8101, max_num_seqs: 16, max_num_batched_tokens: 8")
