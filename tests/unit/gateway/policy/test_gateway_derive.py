@@ -61,7 +61,7 @@ def test_the_reference_stays_last_even_when_it_is_the_fastest() -> None:
 def test_throughput_goal_orders_by_seconds_per_token_under_load() -> None:
     figures = {
         "fp16": _tier("fp16", 1.0, 0.019, tput=121),
-        "int8": _tier("int8", 0.95, 0.016, tput=132),
+        "int8": _tier("int8", 0.95, 0.016, tput=140),
         "int4": _tier("int4", 0.80, 0.012, tput=77),
     }
     goal = Goal(floor=0.6, minimise="throughput")
@@ -117,7 +117,7 @@ def test_derive_routes_replaces_only_the_derive_routes(tmp_path: Path) -> None:
     policy = parse_policy(POLICY, "p.yaml")
     figures = {
         "fp16": _tier("fp16", 1.0, 0.0187, tput=121),
-        "int8": _tier("int8", 0.95, 0.0164, tput=132),
+        "int8": _tier("int8", 0.95, 0.0164, tput=140),
         "int4": _tier("int4", 0.65, 0.0261, tput=77),
     }
     derived_policy, derived = derive_routes(policy, figures, "fp16")
