@@ -84,7 +84,8 @@ class DeriveGoal(Section):
     minimise: Literal["latency", "throughput"] = "latency"
     answer_tokens: PositiveInt = 128  # the answer length a latency cost assumes
     # 10 %: on the shared 2-core AVX2 machine (2026-12-03) fp16 and int4 served from its
-    # dequantized copy, the same arithmetic, measured 9.8 % apart in one of six calibrations (0.5-6 % in the others).
+    # dequantized copy, the same arithmetic, measured 9.8 % apart in one of six calibrations
+    # (0.5-6 % in the others).
     min_gain: float = Field(default=0.10, ge=0, lt=1)
     overflow: bool = True  # dominated tiers after the reference, for overload only
 
