@@ -36,7 +36,6 @@ from common.variant_folder import METADATA, failed_report_path
 TierName = Literal["fp16", "int8", "int4"]
 Device = Literal["auto", "cpu", "cuda"]
 KVCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
-ServingDtype = Literal["bfloat16", "float16", "float32"]
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
 NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
 Seconds = Annotated[float, Field(strict=True, gt=0)]
@@ -81,7 +80,7 @@ class TierSpec(Section):
     max_num_seqs: PositiveInt | None = None
     max_num_batched_tokens: PositiveInt | None = None
     kv_cache_dtype: KVCacheDtype | None = None
-    dtype: ServingDtype | None = None  # --dtype; None: what this machine needs (backends/platform)
+    dtype: Literal["bfloat16", "float16", "float32"] | None = None  # None: backends/platform
     compile_level: int | None = Field(default=None, strict=True, ge=0, le=3)
     # cuda: --enable-sleep-mode, so KV resets sleep and wake the tier (CPU: ignored, vLLM refuses).
     sleep_mode: bool = Field(default=True, strict=True)
@@ -170,9 +169,6 @@ def spec_error(spec: DeploymentSpec, loc: Loc, message: str) -> SpecError:
     """``file:line: field: message`` for ``loc`` of a parsed spec."""
     where = spec._source if spec._root is None else f"{spec._source}:{line_of(spec._root, loc)}"
     return SpecError(f"{where}: {dotted(loc)}: {message}")
-
-
-# --------------------------------------------------------------------------- validation
 
 
 def validate_spec(spec: DeploymentSpec, device: str) -> None:
@@ -317,9 +313,8 @@ def plan_tiers(
     """The launch settings of every tier, in spec order (pure).
 
     Unset fields come from the variant. On CPU a tier without ``cpu_threads`` is bound to the
-    single core ``index mod cpu_count`` (3 tiers on 2 cores: "0", "1", "0"): one core per tier
-    keeps each tier's OpenMP threads from fighting over every core, and round-robin spreads
-    the tiers evenly when there are more tiers than cores.
+    single core ``index mod cpu_count`` (3 tiers on 2 cores: "0", "1", "0"), so each tier's
+    OpenMP threads keep to their core and the tiers spread evenly over the cores.
     """
     validate_spec(spec, device)
     if cpu_count < 1:

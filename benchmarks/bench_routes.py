@@ -132,6 +132,7 @@ async def replay(
     busy: dict[str, float] = defaultdict(float)
     gate = asyncio.Semaphore(concurrency)
     names = list(targets)
+    done, total = [0], len(prompts) * len(targets)
     async with httpx.AsyncClient(timeout=600) as client:
 
         async def one(name: str, i: int) -> None:
@@ -142,6 +143,8 @@ async def replay(
                 )
                 seconds = time.perf_counter() - start
             busy[name] += seconds
+            done[0] += 1
+            print(f"\rbench_routes: {done[0]}/{total} answers", end="", file=sys.stderr)
             out[name][i] = {
                 "seconds": seconds,
                 "tier": answer.headers.get("x-route-tier", ""),
@@ -154,6 +157,7 @@ async def replay(
             order = names[i % len(names) :] + names[: i % len(names)]
             jobs += [one(name, i) for name in order]
         await asyncio.gather(*jobs)
+    print(file=sys.stderr)
     for name in targets:
         for row in out[name]:
             row["busy_total"] = busy[name]
