@@ -116,10 +116,15 @@ def create_app(
                 shadow=ShadowSampler(upstream, board, metrics, tracer, encoder(counter)),
                 request_log=RequestLog(config.request_log_sample),
             )
+            ttl = policies.active.policy.resets.lock_ttl_seconds
+            # A call on the lock may take a tenth of the lease (it renews every third): off the
+            # request path, a loaded machine's pause past 0.5 s must not end a reset midway
+            # (seen in CI on 2 cores: "lost_lock" after one renewal's read timed out).
             lock = LeaderLock(
                 config.redis_url,
                 f"{config.redis_prefix}:resets:leader",
-                ttl=policies.active.policy.resets.lock_ttl_seconds,
+                ttl=ttl,
+                op_timeout=max(0.5, ttl / 10),
             )
             await lock.start()
             coordinator = ResetCoordinator(runtime, lock)
