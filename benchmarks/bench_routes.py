@@ -132,10 +132,11 @@ async def replay(
     busy: dict[str, float] = defaultdict(float)
     gate = asyncio.Semaphore(concurrency)
     names = list(targets)
-    done, total = [0], len(prompts) * len(targets)
+    done, total = 0, len(prompts) * len(targets)
     async with httpx.AsyncClient(timeout=600) as client:
 
         async def one(name: str, i: int) -> None:
+            nonlocal done
             async with gate:
                 start = time.perf_counter()
                 answer = await api.chat(
@@ -143,8 +144,8 @@ async def replay(
                 )
                 seconds = time.perf_counter() - start
             busy[name] += seconds
-            done[0] += 1
-            print(f"\rbench_routes: {done[0]}/{total} answers", end="", file=sys.stderr)
+            done += 1
+            print(f"\rbench_routes: {done}/{total} answers", end="", file=sys.stderr)
             out[name][i] = {
                 "seconds": seconds,
                 "tier": answer.headers.get("x-route-tier", ""),

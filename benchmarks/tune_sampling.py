@@ -33,6 +33,10 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from measure.vllm_client import served_model  # noqa: E402
+
 QUESTIONS = ROOT / "measure" / "data" / "sampling_tuning.jsonl"
 
 
@@ -75,7 +79,7 @@ def choose(cells: list[Cell]) -> Cell:
 
 
 async def measure(
-    base: str,
+    client: httpx.AsyncClient,
     model: str,
     questions: list[dict],
     temperature: float,
@@ -86,40 +90,46 @@ async def measure(
     cell = Cell(temperature)
     gate = asyncio.Semaphore(concurrency)
     n = 1 if temperature == 0 else samples
-    async with httpx.AsyncClient(base_url=base, timeout=900) as client:
 
-        async def one(question: dict) -> None:
-            body = {
-                "model": model,
-                "messages": [{"role": "user", "content": question["text"]}],
-                "temperature": temperature,
-                "top_p": 0.9,
-                "n": n,
-                "max_tokens": max_tokens,
-            }
-            async with gate:
-                response = await client.post("/v1/chat/completions", json=body)
-            response.raise_for_status()
-            for choice in response.json()["choices"]:
-                text = choice["message"]["content"] or ""
-                cell.answers += 1
-                cell.unended += choice["finish_reason"] == "length"
-                if names_any(text, question["expect"]):
-                    cell.right += 1
-                elif len(cell.wrong_examples) < 5:
-                    cell.wrong_examples.append(f"{question['text']} -> {text[:80]!r}")
-            print(f"\rT={temperature}: {cell.answers} answers", end="", file=sys.stderr)
+    async def one(question: dict) -> None:
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": question["text"]}],
+            "temperature": temperature,
+            "top_p": 0.9,
+            "n": n,
+            "max_tokens": max_tokens,
+        }
+        async with gate:
+            response = await client.post("/v1/chat/completions", json=body)
+        response.raise_for_status()
+        for choice in response.json()["choices"]:
+            text = choice["message"]["content"] or ""
+            cell.answers += 1
+            cell.unended += choice["finish_reason"] == "length"
+            if names_any(text, question["expect"]):
+                cell.right += 1
+            elif len(cell.wrong_examples) < 5:
+                cell.wrong_examples.append(f"{question['text']} -> {text[:80]!r}")
+        print(f"\rT={temperature}: {cell.answers} answers", end="", file=sys.stderr)
 
-        await asyncio.gather(*(one(q) for q in questions))
+    await asyncio.gather(*(one(q) for q in questions))
     print(file=sys.stderr)
     return cell
 
 
-async def served_model(base: str) -> str:
-    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
-        response = await client.get("/v1/models")
-        response.raise_for_status()
-        return str(response.json()["data"][0]["id"])
+async def measure_all(
+    base: str, questions: list[dict], temperatures: list[float], args: argparse.Namespace
+) -> list[Cell]:
+    """Every temperature in turn, on one client."""
+    async with httpx.AsyncClient(base_url=base, timeout=900) as client:
+        model = await served_model(client, base)
+        return [
+            await measure(
+                client, model, questions, t, args.samples, args.max_tokens, args.concurrency
+            )
+            for t in temperatures
+        ]
 
 
 def main() -> int:
@@ -138,14 +148,7 @@ def main() -> int:
     if args.samples < 1 or args.max_tokens < 1 or args.concurrency < 1:
         parser.error("--samples, --max-tokens and --concurrency must be at least 1")
     questions = [json.loads(line) for line in QUESTIONS.read_text().splitlines() if line]
-    base = args.tier_base.rstrip("/")
-    model = asyncio.run(served_model(base))
-    cells = [
-        asyncio.run(
-            measure(base, model, questions, t, args.samples, args.max_tokens, args.concurrency)
-        )
-        for t in temperatures
-    ]
+    cells = asyncio.run(measure_all(args.tier_base.rstrip("/"), questions, temperatures, args))
     print(f"{len(questions)} tuning questions, top_p 0.9, max_tokens {args.max_tokens}")
     print("| temperature | answers | right | ended within max_tokens |")
     print("|---|---|---|---|")

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from common.class_categories import CLASS_CATEGORIES
-from gateway.policy.schema import CLASS_NAMES, Route, RoutingPolicy
+from gateway.policy.schema import CLASS_NAMES, MIN_GAIN, Route, RoutingPolicy
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,8 @@ class Goal:
     minimise: str = "latency"  # latency | throughput
     answer_tokens: int = 128
     # A tier that agrees less than another kept tier stays only when it is at least this much
-    # cheaper (0.10: 10 %); measurements on a shared machine are noisy, quality loss is not.
-    min_gain: float = 0.10
+    # cheaper (schema.MIN_GAIN); measurements on a shared machine are noisy, quality loss is not.
+    min_gain: float = MIN_GAIN
     overflow: bool = True  # keep dominated tiers after the reference, for overload only
 
 

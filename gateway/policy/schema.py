@@ -76,6 +76,13 @@ class PolicyError(OperatorYamlError):
 # --------------------------------------------------------------------------- routes
 
 
+# How much cheaper a less accurate tier must be to go before a more accurate one, by default:
+# 10 %: on the shared 2-core AVX2 machine (2026-12-03) fp16 and int4 served from its
+# dequantized copy, the same arithmetic, measured 9.8 % apart in one of six calibrations
+# (0.5-6 % in the others).
+MIN_GAIN = 0.10
+
+
 class DeriveGoal(Section):
     """What a class needs, for a chain derived from measurements (gateway/policy/derive.py):
     the lowest agreement with the reference tier a tier may have, and the cost to minimise."""
@@ -83,10 +90,7 @@ class DeriveGoal(Section):
     floor: float = Field(ge=0, le=1)
     minimise: Literal["latency", "throughput"] = "latency"
     answer_tokens: PositiveInt = 128  # the answer length a latency cost assumes
-    # 10 %: on the shared 2-core AVX2 machine (2026-12-03) fp16 and int4 served from its
-    # dequantized copy, the same arithmetic, measured 9.8 % apart in one of six calibrations
-    # (0.5-6 % in the others).
-    min_gain: float = Field(default=0.10, ge=0, lt=1)
+    min_gain: float = Field(default=MIN_GAIN, ge=0, lt=1)
     overflow: bool = True  # dominated tiers after the reference, for overload only
 
 
