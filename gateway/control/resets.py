@@ -36,7 +36,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 
 import anyio
@@ -71,6 +71,9 @@ class ResetRecord:
     leader: str
     token: int
     preemptions: float = 0.0  # the tier's preemption counter at the reset (for triggers)
+    # Seconds per phase (drain, reset, warm_up) of a single-endpoint reset, as far as it got:
+    # where a slow reset spent its time.
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 class ResetCoordinator:
@@ -151,12 +154,13 @@ class ResetCoordinator:
         current = {"tier": tier, "token": token, "started_at": started, "leader": self._holder()}
         await self.records.put(CURRENT, json.dumps(current), ttl=10 * resets.lock_ttl_seconds)
         outcome, detail = "lost_lock", "leadership lost during the reset"
+        phases: dict[str, float] = {}
         try:
             async with anyio.create_task_group() as group:
 
                 async def work() -> None:
                     nonlocal outcome, detail
-                    outcome, detail = await self._drain_and_reset(tier, token)
+                    outcome, detail = await self._drain_and_reset(tier, token, phases)
                     group.cancel_scope.cancel()
 
                 group.start_soon(self._keep_leading, tier, token, group.cancel_scope.cancel)
@@ -176,21 +180,35 @@ class ResetCoordinator:
                     self._holder(),
                     token,
                     preemptions,
+                    {name: round(value, 2) for name, value in phases.items()},
                 )
                 await self.records.push(HISTORY, json.dumps(asdict(record)))
                 runtime.metrics.reset(tier, outcome, seconds)
                 span.set_attributes(
                     {"gateway.reset.outcome": outcome, "gateway.reset.detail": detail}
+                    | {f"gateway.reset.{name}_seconds": value for name, value in phases.items()}
                 )
                 span.end()
         log = logger.info if outcome == "ok" else logger.warning
-        log("reset of tier %s: %s in %.1f s (%s)", tier, outcome, seconds, detail)
+        spent = ", ".join(f"{name} {value:.1f} s" for name, value in phases.items())
+        log("reset of tier %s: %s in %.1f s (%s)%s", tier, outcome, seconds, detail,
+            f" [{spent}]" if spent else "")  # fmt: skip
         return record
 
-    async def _drain_and_reset(self, tier: str, token: int) -> tuple[str, str]:
+    async def _drain_and_reset(
+        self, tier: str, token: int, phases: dict[str, float]
+    ) -> tuple[str, str]:
+        """The reset's work; ``phases`` gets each finished phase's seconds as it ends."""
         resets = self.runtime.policies.active.policy.resets
         if len(self.runtime.board.pool(tier)) > 1:  # a pool stays in routing (pool_resets.py)
             return await self._roll(tier, token)
+        phase_start = time.monotonic()
+
+        def phase_done(name: str) -> None:
+            nonlocal phase_start
+            now = time.monotonic()
+            phases[name], phase_start = now - phase_start, now
+
         await self._mark(tier, TierState.DRAINING, token)
         # Other replicas pick the mark up with their next scrape; until then they may still
         # send the tier a request, which the in-flight count below then waits for.
@@ -198,13 +216,17 @@ class ResetCoordinator:
         deadline = time.monotonic() + resets.drain_timeout_seconds
         while (busy := (await self.runtime.shared.in_flight()).get(tier, 0)) > 0:
             if time.monotonic() > deadline:
+                phase_done("drain")
                 return "gave_up", f"{busy} request(s) still running after the drain timeout"
             await anyio.sleep(0.2)
+        phase_done("drain")
         await self._mark(tier, TierState.RESETTING, token)
         client = self._tier_client(tier)
         try:
             result = await client.reset_kv_pool(verify=True)
+            phase_done("reset")
             await client.warm_up(self.runtime.config.model_name, requests=1)
+            phase_done("warm_up")
         except TierClientError as exc:
             return "failed", str(exc)
         outcome = "ok" if result.verified else "unverified"

@@ -141,6 +141,10 @@ def test_window_and_quiet_reset_the_oldest_tier_and_record_it(
     assert second.tier == "fp16"  # never reset, first in the policy's tiers
     assert calls == ["reset", "warm_up"]
     assert [(r.tier, r.outcome) for r in history] == [("fp16", "ok")]
+    # Where the time went: the drain waits at least one scrape interval (0.05 s here).
+    assert list(history[0].phases) == ["drain", "reset", "warm_up"]
+    assert history[0].phases["drain"] >= 0.05
+    assert sum(history[0].phases.values()) <= history[0].seconds + 0.02
     assert states == ["ready", "ready", "ready"]  # back in routing afterwards
 
 
@@ -199,6 +203,7 @@ def test_a_failing_reset_is_recorded_and_the_tier_comes_back(
     )
     assert (history[0].tier, history[0].outcome) == ("int4", "failed")
     assert "500" in history[0].detail
+    assert list(history[0].phases) == ["drain"]  # the reset phase did not finish
     assert state == "ready"
 
 
