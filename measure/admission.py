@@ -121,6 +121,28 @@ class TierVerdict:
         return f"tier {self.tier} ({self.mode}) kept out of {out}: {reasons}"
 
 
+EMULATION_MARGIN = 0.01  # mean agreement an emulated copy must gain when it passes no more
+
+
+def emulation_helps(native: TierVerdict, emulated: TierVerdict) -> bool:
+    """Whether to keep serving a tier emulated after its native kernels failed the check.
+
+    Emulation is a remedy, not a default: the native kernels are what the variant was made for
+    (its memory saving, the engine's own kernels). The emulated copy is kept when it passes
+    more categories, or as many with at least ``EMULATION_MARGIN`` more mean forced agreement;
+    a tie (a variant broken in its weights fails both ways alike) goes back to native.
+    """
+    gained = len(emulated.passed_categories) - len(native.passed_categories)
+    if gained:
+        return gained > 0
+    return _mean_agreement(emulated) >= _mean_agreement(native) + EMULATION_MARGIN
+
+
+def _mean_agreement(verdict: TierVerdict) -> float:
+    found = [c.forced_agreement for c in verdict.categories]
+    return sum(found) / len(found) if found else 0.0
+
+
 def names_any(answer: str, words: Iterable[str]) -> bool:
     """Whether ``answer`` contains one of ``words`` (case-insensitive)."""
     low = answer.lower()

@@ -36,6 +36,7 @@ from measure.admission import (
     AdmissionError,
     AdmissionProbe,
     TierVerdict,
+    emulation_helps,
     load_facts,
     verdict_from_json,
     verdict_to_json,
@@ -264,9 +265,9 @@ def admit(
         restart(copy)
         pair = [t for t in out if t.name == spec.reference] + [copy]
         again = check(pair, spec, probes).verdicts[launch.name]
-        if len(again.passed_categories) >= len(verdict.passed_categories):
+        if emulation_helps(verdict, again):
             out[i], verdicts[launch.name] = copy, again
-        else:  # the engine's own kernels did better: back to them
+        else:  # emulation did not help (measure/admission.py): back to the engine's own kernels
             say(f"{again.summary()}; back to the native kernels")
             restart(launch)
     return out, Admission(spec.reference, verdicts)

@@ -12,6 +12,8 @@ from measure.admission import (
     AdmissionError,
     AdmissionProbe,
     ProbeFigures,
+    TierVerdict,
+    emulation_helps,
     first_divergence,
     judge,
     load_facts,
@@ -91,6 +93,30 @@ def test_the_reference_fails_when_it_misses_most_factual_probes() -> None:
     assert reference_problems([(paris, "Paris."), (tokyo, "Kyoto"), (plain, "x")]) == []
     problems = reference_problems([(paris, "L'Étoile"), (tokyo, "Kyoto"), (plain, "x")])
     assert len(problems) == 2
+
+
+def _verdict(mode: str, chat: float, code: float, math: float) -> TierVerdict:
+    figures = [_fig("chat", chat), _fig("code", code), _fig("math", math)]
+    return TierVerdict("int4", "fp16", judge("int4", "fp16", figures, FLOORS).categories, mode)
+
+
+@pytest.mark.parametrize(
+    ("native", "emulated", "keep_emulated"),
+    [
+        ((0.5, 0.5, 0.5), (0.9, 0.9, 0.9), True),  # passes every category it failed
+        ((0.5, 0.9, 0.9), (0.9, 0.5, 0.9), False),  # as many passed, no more agreement
+        ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), False),  # broken in its weights: fails both ways
+        ((0.5, 0.5, 0.5), (0.55, 0.55, 0.55), True),  # none passed, but clearly closer
+        ((0.5, 0.5, 0.5), (0.505, 0.5, 0.5), False),  # within the margin: native
+        ((0.9, 0.9, 0.5), (0.5, 0.5, 0.99), False),  # fewer categories, whatever the mean
+    ],
+)
+def test_an_emulated_copy_is_kept_only_when_it_helps(
+    native: tuple[float, float, float], emulated: tuple[float, float, float], keep_emulated: bool
+) -> None:
+    assert emulation_helps(_verdict("native", *native), _verdict("emulated", *emulated)) is (
+        keep_emulated
+    )
 
 
 def test_first_divergence() -> None:
