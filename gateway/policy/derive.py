@@ -125,7 +125,9 @@ def derive_chain(
             and (q > quality or c < cost)
         ]
         if better and name != reference:
-            reasons[name] = f"dominated by {better[0]} (as good and as fast or better)"
+            reasons[name] = (
+                f"dominated by {better[0]} ({_why_dominated(kept, better[0], cost, goal)})"
+            )
             if goal.overflow:
                 reasons[name] += ": overflow only"
                 overflow.append((name, cost))
@@ -171,3 +173,13 @@ def derive_routes(
         return policy, {}
     new_routes = policy.routes.model_copy(update=routes)
     return policy.model_copy(update={"routes": new_routes}), derived
+
+
+def _why_dominated(
+    kept: list[tuple[str, float, float]], other: str, cost: float, goal: Goal
+) -> str:
+    """Why ``other`` beats a tier of ``cost`` (the tier's own quality is below or equal)."""
+    _, _, other_cost = next(item for item in kept if item[0] == other)
+    if other_cost <= cost:
+        return "as good or better, and as cheap or cheaper"
+    return f"better, and this tier is not {goal.min_gain:.0%} cheaper"

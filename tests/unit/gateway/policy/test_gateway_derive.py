@@ -47,6 +47,26 @@ def test_a_low_precision_tier_that_is_slower_and_worse_is_left_out() -> None:
     assert strict.tiers == ("int8", "fp16")
 
 
+def test_a_less_accurate_tier_must_be_min_gain_cheaper_and_the_reason_says_so() -> None:
+    """The AMX Xeon case: every tier within 10 % of fp16's cost, each less accurate."""
+    figures = {
+        "fp16": _tier("fp16", 1.0, 0.0565),
+        "int8": _tier("int8", 0.976, 0.0517),
+        "int4": _tier("int4", 0.80, 0.0489),
+    }
+    derived = derive_chain("tolerant", ROUTE, Goal(floor=0.6), figures, "fp16")
+    assert derived.chain == ("fp16",)
+    assert derived.reasons["int8"] == (
+        "dominated by fp16 (better, and this tier is not 10% cheaper): overflow only"
+    )
+    assert derived.reasons["int4"].startswith("dominated by int8 (better, and this tier is not")
+    slower = derive_chain("tolerant", ROUTE, Goal(floor=0.6), dict(figures, int4=_tier(
+        "int4", 0.80, 0.07)), "fp16")  # fmt: skip
+    assert slower.reasons["int4"].startswith(
+        "dominated by int8 (as good or better, and as cheap or cheaper)"
+    )
+
+
 def test_the_reference_stays_last_even_when_it_is_the_fastest() -> None:
     figures = {
         "fp16": _tier("fp16", 1.0, 0.010),
