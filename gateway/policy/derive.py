@@ -15,9 +15,9 @@ another kept tier beats on both quality and cost (never a tier that is slower *a
 less accurate tier must be ``min_gain`` cheaper than every more accurate one to stay),
 orders the rest cheapest first and puts the reference last (the tier of last resort, whatever
 its cost). Dominated tiers that meet the floor follow the reference as overflow (``overflow:
-true``, the default): no request goes to them while a tier before them can take it, but a
-saturated or draining chain degrades to them instead of refusing. Without figures for a
-route's tiers the route stays as written.
+true``, the default; cheapest first, but never before a tier that dominates them): no request
+goes to them while a tier before them can take it, but a saturated or draining chain degrades
+to them instead of refusing. Without figures for a route's tiers the route stays as written.
 """
 
 from __future__ import annotations
@@ -114,15 +114,10 @@ def derive_chain(
             continue
         kept.append((name, quality, cost))
     survivors = []
-    overflow: list[tuple[str, float]] = []
+    overflow: list[tuple[str, float, float]] = []  # name, quality, cost
     for name, quality, cost in kept:
         better = [
-            other
-            for other, q, c in kept
-            if other != name
-            and q >= quality
-            and (c <= cost if q == quality else c * (1 - goal.min_gain) <= cost)
-            and (q > quality or c < cost)
+            other for other, q, c in kept if _beats((other, q, c), (name, quality, cost), goal)
         ]
         if better and name != reference:
             reasons[name] = (
@@ -130,7 +125,7 @@ def derive_chain(
             )
             if goal.overflow:
                 reasons[name] += ": overflow only"
-                overflow.append((name, cost))
+                overflow.append((name, quality, cost))
             continue
         survivors.append((name, quality, cost))
     if not survivors:  # serve rather than refuse: the operator sees why in the reasons
@@ -140,9 +135,11 @@ def derive_chain(
     unit = "s/answer" if goal.minimise == "latency" else "s/token"
     for name, quality, cost in survivors:
         reasons[name] = f"agreement {quality:.3f}, {cost:.3g} {unit}"
-    overflow.sort(key=lambda item: item[1])
+    # Overflow by cost, but never before a tier that dominates it (the same rule as the chain).
+    dominators = {item[0]: sum(_beats(o, item, goal) for o in overflow) for item in overflow}
+    overflow.sort(key=lambda item: (dominators[item[0]], item[2]))
     return DerivedChain(
-        cls, tuple(name for name, _, _ in survivors), reasons, tuple(n for n, _ in overflow)
+        cls, tuple(name for name, _, _ in survivors), reasons, tuple(n for n, _, _ in overflow)
     )
 
 
@@ -173,6 +170,18 @@ def derive_routes(
         return policy, {}
     new_routes = policy.routes.model_copy(update=routes)
     return policy.model_copy(update={"routes": new_routes}), derived
+
+
+def _beats(a: tuple[str, float, float], b: tuple[str, float, float], goal: Goal) -> bool:
+    """Whether tier ``a`` (name, quality, cost) dominates ``b``: at least as good, and as cheap
+    when as good, else not ``min_gain`` dearer; strictly better on one of the two."""
+    (name_a, qa, ca), (name_b, qb, cb) = a, b
+    return (
+        name_a != name_b
+        and qa >= qb
+        and (ca <= cb if qa == qb else ca * (1 - goal.min_gain) <= cb)
+        and (qa > qb or ca < cb)
+    )
 
 
 def _why_dominated(

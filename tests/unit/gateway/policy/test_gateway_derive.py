@@ -60,6 +60,8 @@ def test_a_less_accurate_tier_must_be_min_gain_cheaper_and_the_reason_says_so() 
         "dominated by fp16 (better, and this tier is not 10% cheaper): overflow only"
     )
     assert derived.reasons["int4"].startswith("dominated by int8 (better, and this tier is not")
+    # Overflow goes by cost, but int4 never before the int8 that dominates it.
+    assert derived.overflow == ("int8", "int4")
     slower = derive_chain("tolerant", ROUTE, Goal(floor=0.6), dict(figures, int4=_tier(
         "int4", 0.80, 0.07)), "fp16")  # fmt: skip
     assert slower.reasons["int4"].startswith(
