@@ -44,6 +44,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from backends.client import TierClient, TierClientError
 from backends.tier_state import TierState
+from gateway.control.phase_clock import PhaseClock
 from gateway.control.pool_resets import RollSettings, roll_pool
 from gateway.control.reset_marks import MARKS, endpoint_marks_value, json_object
 from gateway.control.reset_schedule import ResetDecision, TierResetState, choose_reset
@@ -71,8 +72,9 @@ class ResetRecord:
     leader: str
     token: int
     preemptions: float = 0.0  # the tier's preemption counter at the reset (for triggers)
-    # Seconds per phase (drain, reset, warm_up) of a single-endpoint reset, as far as it got:
-    # where a slow reset spent its time.
+    # Seconds per phase (drain, reset, warm_up) of a single-endpoint reset, as far as it got
+    # (the last one is where a failed or cut-off reset stopped): where a slow reset spent its
+    # time. A pool's rolling reset records none.
     phases: dict[str, float] = field(default_factory=dict)
 
 
@@ -154,7 +156,7 @@ class ResetCoordinator:
         current = {"tier": tier, "token": token, "started_at": started, "leader": self._holder()}
         await self.records.put(CURRENT, json.dumps(current), ttl=10 * resets.lock_ttl_seconds)
         outcome, detail = "lost_lock", "leadership lost during the reset"
-        phases: dict[str, float] = {}
+        phases = PhaseClock()
         try:
             async with anyio.create_task_group() as group:
 
@@ -167,6 +169,7 @@ class ResetCoordinator:
                 group.start_soon(work)
         finally:
             with anyio.CancelScope(shield=True):
+                spent_in = phases.stop()
                 await self._mark(tier, None, token)
                 await self.records.put(CURRENT, None, ttl=1)
                 seconds = time.monotonic() - t0
@@ -180,35 +183,27 @@ class ResetCoordinator:
                     self._holder(),
                     token,
                     preemptions,
-                    {name: round(value, 2) for name, value in phases.items()},
+                    {name: round(value, 2) for name, value in spent_in.items()},
                 )
                 await self.records.push(HISTORY, json.dumps(asdict(record)))
                 runtime.metrics.reset(tier, outcome, seconds)
                 span.set_attributes(
                     {"gateway.reset.outcome": outcome, "gateway.reset.detail": detail}
-                    | {f"gateway.reset.{name}_seconds": value for name, value in phases.items()}
+                    | {f"gateway.reset.{name}_seconds": value for name, value in spent_in.items()}
                 )
                 span.end()
         log = logger.info if outcome == "ok" else logger.warning
-        spent = ", ".join(f"{name} {value:.1f} s" for name, value in phases.items())
+        spent = ", ".join(f"{name} {value:.1f} s" for name, value in spent_in.items())
         log("reset of tier %s: %s in %.1f s (%s)%s", tier, outcome, seconds, detail,
             f" [{spent}]" if spent else "")  # fmt: skip
         return record
 
-    async def _drain_and_reset(
-        self, tier: str, token: int, phases: dict[str, float]
-    ) -> tuple[str, str]:
-        """The reset's work; ``phases`` gets each finished phase's seconds as it ends."""
+    async def _drain_and_reset(self, tier: str, token: int, phases: PhaseClock) -> tuple[str, str]:
+        """The reset's work, each phase timed on ``phases``."""
         resets = self.runtime.policies.active.policy.resets
         if len(self.runtime.board.pool(tier)) > 1:  # a pool stays in routing (pool_resets.py)
             return await self._roll(tier, token)
-        phase_start = time.monotonic()
-
-        def phase_done(name: str) -> None:
-            nonlocal phase_start
-            now = time.monotonic()
-            phases[name], phase_start = now - phase_start, now
-
+        phases.begin("drain")
         await self._mark(tier, TierState.DRAINING, token)
         # Other replicas pick the mark up with their next scrape; until then they may still
         # send the tier a request, which the in-flight count below then waits for.
@@ -216,17 +211,15 @@ class ResetCoordinator:
         deadline = time.monotonic() + resets.drain_timeout_seconds
         while (busy := (await self.runtime.shared.in_flight()).get(tier, 0)) > 0:
             if time.monotonic() > deadline:
-                phase_done("drain")
                 return "gave_up", f"{busy} request(s) still running after the drain timeout"
             await anyio.sleep(0.2)
-        phase_done("drain")
+        phases.begin("reset")
         await self._mark(tier, TierState.RESETTING, token)
         client = self._tier_client(tier)
         try:
             result = await client.reset_kv_pool(verify=True)
-            phase_done("reset")
+            phases.begin("warm_up")
             await client.warm_up(self.runtime.config.model_name, requests=1)
-            phase_done("warm_up")
         except TierClientError as exc:
             return "failed", str(exc)
         outcome = "ok" if result.verified else "unverified"

@@ -203,7 +203,7 @@ def test_a_failing_reset_is_recorded_and_the_tier_comes_back(
     )
     assert (history[0].tier, history[0].outcome) == ("int4", "failed")
     assert "500" in history[0].detail
-    assert list(history[0].phases) == ["drain"]  # the reset phase did not finish
+    assert list(history[0].phases) == ["drain", "reset"]  # it stopped in the reset phase
     assert state == "ready"
 
 
