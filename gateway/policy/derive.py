@@ -136,11 +136,25 @@ def derive_chain(
     for name, quality, cost in survivors:
         reasons[name] = f"agreement {quality:.3f}, {cost:.3g} {unit}"
     # Overflow by cost, but never before a tier that dominates it (the same rule as the chain).
-    dominators = {item[0]: sum(_beats(o, item, goal) for o in overflow) for item in overflow}
-    overflow.sort(key=lambda item: (dominators[item[0]], item[2]))
     return DerivedChain(
-        cls, tuple(name for name, _, _ in survivors), reasons, tuple(n for n, _, _ in overflow)
+        cls,
+        tuple(name for name, _, _ in survivors),
+        reasons,
+        _overflow_order(overflow, goal),
     )
+
+
+def _overflow_order(tiers: list[tuple[str, float, float]], goal: Goal) -> tuple[str, ...]:
+    """Cheapest first, but never before a tier that dominates it: each step takes the cheapest
+    tier no remaining one beats (dominance has no cycles: in one, every quality would be equal
+    and every cost lower than the last)."""
+    left, out = list(tiers), []
+    while left:
+        free = [t for t in left if not any(_beats(o, t, goal) for o in left)]
+        pick = min(free or left, key=lambda item: item[2])
+        out.append(pick[0])
+        left.remove(pick)
+    return tuple(out)
 
 
 def derive_routes(
@@ -191,4 +205,4 @@ def _why_dominated(
     _, _, other_cost = next(item for item in kept if item[0] == other)
     if other_cost <= cost:
         return "as good or better, and as cheap or cheaper"
-    return f"better, and this tier is not {goal.min_gain:.0%} cheaper"
+    return f"better, and this tier is not more than {goal.min_gain * 100:g}% cheaper"

@@ -57,9 +57,11 @@ def test_a_less_accurate_tier_must_be_min_gain_cheaper_and_the_reason_says_so() 
     derived = derive_chain("tolerant", ROUTE, Goal(floor=0.6), figures, "fp16")
     assert derived.chain == ("fp16",)
     assert derived.reasons["int8"] == (
-        "dominated by fp16 (better, and this tier is not 10% cheaper): overflow only"
+        "dominated by fp16 (better, and this tier is not more than 10% cheaper): overflow only"
     )
-    assert derived.reasons["int4"].startswith("dominated by int8 (better, and this tier is not")
+    assert derived.reasons["int4"].startswith(
+        "dominated by int8 (better, and this tier is not more"
+    )
     # Overflow goes by cost, but int4 never before the int8 that dominates it.
     assert derived.overflow == ("int8", "int4")
     slower = derive_chain("tolerant", ROUTE, Goal(floor=0.6), dict(figures, int4=_tier(
@@ -67,6 +69,19 @@ def test_a_less_accurate_tier_must_be_min_gain_cheaper_and_the_reason_says_so() 
     assert slower.reasons["int4"].startswith(
         "dominated by int8 (as good or better, and as cheap or cheaper)"
     )
+
+
+def test_overflow_never_puts_a_tier_before_one_that_dominates_it() -> None:
+    """Dominance with min_gain is not transitive: a beats b, c beats a but not b."""
+    figures = {
+        "ref": _tier("ref", 1.0, 0.0105),
+        "a": _tier("a", 0.95, 0.0100),
+        "b": _tier("b", 0.90, 0.0091),
+        "c": _tier("c", 0.98, 0.0110),
+    }
+    derived = derive_chain("tolerant", ["a", "b", "c", "ref"], Goal(floor=0.6), figures, "ref")
+    assert derived.chain == ("ref",)
+    assert derived.overflow == ("c", "a", "b")  # b is cheapest, but a beats it
 
 
 def test_the_reference_stays_last_even_when_it_is_the_fastest() -> None:
