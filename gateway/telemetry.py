@@ -60,6 +60,9 @@ ATTR_TTFT = "gateway.time_to_first_token_ms"
 ATTR_FALLBACKS = "gateway.route.fallbacks"
 ATTR_PINNED = "gateway.route.pinned"
 ATTR_P_PRECISE = "gateway.route.p_precise"
+# The request's outcome: the HTTP status, or what ended a stream sent as 200 (its failure's
+# status; 499 when the client left).
+ATTR_OUTCOME = "gateway.response.status_code"
 
 # Stateless: the W3C propagator holds no configuration.
 TRACE_CONTEXT = TraceContextTextMapPropagator()

@@ -21,6 +21,7 @@ endpoint of the same tier before the next tier of the chain (gateway/request/rel
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -104,6 +105,7 @@ def session_key(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | No
     return None
 
 
+@functools.lru_cache(maxsize=1024)
 def endpoint_id(url: str) -> str:
     """A short stable name for an endpoint, for clients not told addresses (``e-`` + 8 hex)."""
     return "e-" + hashlib.sha256(url.encode()).hexdigest()[:8]

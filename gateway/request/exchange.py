@@ -1,8 +1,10 @@
 """One request's bookkeeping, from arrival to its last byte: spans, metrics and in-flight count.
 
-An ``Exchange`` is opened when a completion request is admitted and owns the request's spans:
-the ``gateway.request`` span it starts and the children it starts for it (``child``). It is
-finished once, in ``_finish``, when its answer is complete:
+An ``Exchange`` is opened when a completion request is admitted. Its request span is the
+server span it is handed (gateway/server_span.py: one span per HTTP request, so the route's
+attributes land on it and no second span is made per request; the server span's middleware
+ends it), or, handed none, a ``gateway.request`` span of its own that it ends; the children it
+starts (``child``) are its own. It is finished once, in ``_finish``, when its answer is complete:
 
 - by leaving its ``async with`` block (the handler), with the outcome recorded there
   (``set_outcome``) or the exception that left the block (``APIError``: its status and code;
@@ -11,8 +13,10 @@ finished once, in ``_finish``, when its answer is complete:
   ends (``stream_ended``); once handed to a whole answer (``hand_to_answer``), when it has been
   sent (``answer_sent``). The block then leaves it open unless an exception left it.
 
-Finishing records the Prometheus series (gateway/metrics.py), ends the children and then the
-request's span with its attributes (gateway/telemetry.py), releases the tier's in-flight slot
+Finishing records the Prometheus series (gateway/metrics.py), ends the children, sets the
+request span's attributes (gateway/telemetry.py; the outcome as ``gateway.response.status_code``,
+which differs from the HTTP status when a stream fails or its client leaves) and ends that span
+if it is its own, releases the tier's in-flight slot
 in the shared state (gateway/shared/state.py) and calls ``on_finish`` (the admission slot).
 ``SSECounter`` watches a relayed stream for the usage object vLLM sends when asked, and
 otherwise counts the events that carry choices (one token each in vLLM).
@@ -38,6 +42,7 @@ from gateway.telemetry import (
     ATTR_CLASS,
     ATTR_FALLBACKS,
     ATTR_INPUT_TOKENS,
+    ATTR_OUTCOME,
     ATTR_OUTPUT_TOKENS,
     ATTR_P_PRECISE,
     ATTR_REASON,
@@ -62,10 +67,15 @@ class Exchange:
         on_finish: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
         log: RequestLog | None = None,
+        span: Span | None = None,
     ) -> None:
         self.metrics, self.shared, self.clock, self.log = metrics, shared, clock, log
         self.path = path
-        self.span: Span = tracer.start_span(REQUEST_SPAN, attributes={"url.path": path})
+        # ``span``: the server span to annotate (its owner ends it); otherwise one of its own.
+        self.owns_span = span is None
+        self.span: Span = (
+            tracer.start_span(REQUEST_SPAN, attributes={"url.path": path}) if span is None else span
+        )
         self.started = clock()
         self.cls, self.reason, self.tier = NONE, "", NONE
         self.input_tokens: int | None = None
@@ -178,7 +188,8 @@ class Exchange:
             for child in self._children:
                 child.set_attribute(ATTR_TIER, self.tier)
                 child.end()
-            self.span.end()
+            if self.owns_span:
+                self.span.end()
         finally:
             # Last, whatever the bookkeeping did: the only step that may wait (a Redis write
             # when shared_flush_interval is 0), so the metrics and spans above are recorded
@@ -210,8 +221,10 @@ class Exchange:
             ATTR_TIER: self.tier,
             ATTR_REASON: self.reason,
             ATTR_FALLBACKS: self.fallbacks,
-            "http.response.status_code": status,
+            ATTR_OUTCOME: status,
         }
+        if self.owns_span:  # a server span has the status its answer was sent with
+            attributes["http.response.status_code"] = status
         if self.input_tokens is not None:
             attributes[ATTR_INPUT_TOKENS] = self.input_tokens
         if self.output_tokens is not None:

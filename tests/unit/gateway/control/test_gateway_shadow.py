@@ -303,7 +303,7 @@ def test_a_comparison_is_its_own_span_linked_to_the_request(
     wait_until(lambda: any(s.name == "gateway.shadow" for s in exporter.get_finished_spans()), 10)
     spans = exporter.get_finished_spans()
     (shadow,) = [s for s in spans if s.name == "gateway.shadow"]
-    (request,) = [s for s in spans if s.name == "gateway.request"]
+    (request,) = [s for s in spans if s.name == "POST /v1/chat/completions"]
     assert shadow.parent is None and shadow.context.trace_id != request.context.trace_id
     assert [link.context.span_id for link in shadow.links] == [request.context.span_id]
     assert shadow.attributes is not None and shadow.attributes["gateway.shadow.agreement"] == 1.0

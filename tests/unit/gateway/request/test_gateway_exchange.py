@@ -208,3 +208,37 @@ def test_the_slot_is_released_even_when_the_bookkeeping_fails() -> None:
         assert await shared.in_flight() == {"int4": 0}
 
     anyio.run(main)
+
+
+def test_a_server_span_handed_over_is_annotated_and_left_to_its_owner() -> None:
+    """The exchange writes the route onto the server span it is handed and does not end it
+    (the server span's middleware does); its children are still its own. The HTTP status the
+    server span recorded stays; the outcome of a stream that failed after its 200 is beside it."""
+    exporter = InMemorySpanExporter()
+    tracer = build_tracer_provider(exporter).get_tracer("test")
+    server = tracer.start_span("POST /v1/chat/completions")
+    server.set_attribute("http.response.status_code", 200)
+    shared, metrics = SlowShared(), GatewayMetrics()
+    exchange = Exchange(tracer, metrics, shared, "/v1/chat/completions", span=server)
+    assert not exchange.owns_span and exchange.span is server
+
+    async def main() -> None:
+        async with exchange:
+            exchange.child("upstream")
+            exchange.cls = "code"
+            await exchange.acquire("fp16")
+            exchange.hand_to_stream()
+        await exchange.stream_ended(502, 3)
+
+    anyio.run(main)
+    assert exchange.finished and server.is_recording()  # not ended by the exchange
+    assert [s.name for s in exporter.get_finished_spans()] == ["upstream"]
+    server.end()
+    child, request = exporter.get_finished_spans()
+    assert child.parent is not None and child.parent.span_id == request.context.span_id
+    attributes = dict(request.attributes or {})
+    assert attributes["gateway.route.class"] == "code"
+    assert attributes["gateway.route.tier"] == "fp16"
+    assert attributes["http.response.status_code"] == 200
+    assert attributes["gateway.response.status_code"] == 502
+    assert request.status.status_code.name == "ERROR"
