@@ -121,6 +121,12 @@ async def aclose_quietly(response: httpx.Response) -> None:
     """Close a streamed response even while the caller is being cancelled."""
     if response.is_closed:  # read to its end: httpx closed it then
         return
+    if isinstance(response.stream, AiohttpBody):
+        # Closing is handing the connection back to aiohttp's pool (or dropping it), with no
+        # await inside: nothing for a cancellation to interrupt, so no shield to pay for.
+        response.is_closed = True
+        await response.stream.aclose()
+        return
     with anyio.CancelScope(shield=True):
         try:
             await response.aclose()
