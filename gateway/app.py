@@ -60,7 +60,8 @@ from gateway.runtime import (
 )
 from gateway.server import log_config, server_options
 from gateway.shared.leader import LeaderLock
-from gateway.shared.state import SharedRecords, SharedState
+from gateway.shared.records import SharedRecords
+from gateway.shared.state import SharedState
 from gateway.telemetry import build_tracer_provider, instrument_asgi, shutdown
 
 logger = logging.getLogger(__name__)

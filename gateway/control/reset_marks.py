@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from backends.tier_state import TierState
 from gateway.control.tier_status import TierBoard
 from gateway.runtime import Runtime
-from gateway.shared.state import SharedRecords
+from gateway.shared.records import SharedRecords
 
 MARKS = "reset:marks"
 ENDPOINTS = "endpoints"  # the key of endpoint marks in the marks value

@@ -51,7 +51,7 @@ from gateway.control.reset_schedule import ResetDecision, TierResetState, choose
 from gateway.control.ttft_drift import TtftDrift
 from gateway.runtime import Runtime
 from gateway.shared.leader import LeaderLock
-from gateway.shared.state import SharedRecords
+from gateway.shared.records import SharedRecords
 
 logger = logging.getLogger(__name__)
 
@@ -252,9 +252,10 @@ class ResetCoordinator:
             if not await self.lock.renew():
                 stop()
                 return
-            raw = await self.records.get(MARKS)  # the tier's or one endpoint's mark
-            if raw is not None:
-                await self.records.put(MARKS, raw, ttl=ttl)
+            # The tier's or one endpoint's mark lives on, whichever it is by now: read and
+            # written back, a mark lifted or moved on in between came back (a reset endpoint
+            # held out of routing on every replica, the one being drained put back in).
+            await self.records.renew(MARKS, ttl)
 
     # ------------------------------------------------------------------ shared marks
 

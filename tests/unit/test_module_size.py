@@ -15,7 +15,6 @@ LIMIT = 400
 # Over the aim today; not allowed to grow (the number is the most lines allowed).
 KNOWN = {
     "gateway/policy/schema.py": 540,
-    "gateway/shared/state.py": 416,
     "optimizer/check.py": 480,
     "optimizer/layout.py": 410,
     "optimizer/pipeline.py": 445,

@@ -19,7 +19,7 @@ from gateway.control.reset_marks import MARKS, apply_shared_marks, parse_marks
 from gateway.control.resets import CURRENT, HISTORY, ResetCoordinator
 from gateway.runtime import Runtime
 from gateway.shared.leader import LeaderLock
-from gateway.shared.state import SharedRecords
+from gateway.shared.records import SharedRecords
 from model_optimizer.envs import ROOT
 
 NIGHT = datetime(2026, 12, 2, 3, 0, tzinfo=UTC).timestamp()  # inside 02:00-05:00 UTC
