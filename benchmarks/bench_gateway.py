@@ -272,6 +272,16 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def gateway_env(trace_ratio: float = 1.0) -> dict[str, str]:
+    """A gateway's environment: clean, and with OpenTelemetry's ratio sampler when only a share
+    of the requests is to be traced (``trace_ratio`` < 1; spans are made, never exported)."""
+    extra = {"PYTHONPATH": str(ROOT)}
+    if trace_ratio < 1:
+        extra["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
+        extra["OTEL_TRACES_SAMPLER_ARG"] = f"{trace_ratio:g}"
+    return clean_env(**extra)
+
+
 def tree_cpu(pid: int | None) -> float:
     """User + system CPU seconds of ``pid`` and its children (0 when unknown)."""
     if pid is None:
@@ -887,6 +897,12 @@ def parse_args() -> argparse.Namespace:
         default=2,
         help="one more target: this many gateway processes sharing Redis (1: none)",
     )
+    parser.add_argument(
+        "--trace-ratio",
+        type=float,
+        default=1.0,
+        help="share of requests the gateway traces (default 1: every one)",
+    )
     parser.add_argument("--startup-timeout", type=float, default=90.0)
     parser.add_argument("--install-timeout", type=float, default=900.0, help="LiteLLM's venv")
     parser.add_argument("--json", type=Path, help="write the raw figures here")
@@ -910,6 +926,8 @@ def parse_args() -> argparse.Namespace:
         parser.error("--concurrency: give one or more levels >= 1")
     if args.requests < 1 or args.rounds < 1 or not args.rates:
         parser.error("--requests, --rounds and --rates must be positive")
+    if not 0 < args.trace_ratio <= 1:
+        parser.error(f"--trace-ratio: a share in (0, 1], not {args.trace_ratio:g}")
     return args
 
 
@@ -978,6 +996,8 @@ def start_targets(
         )
 
     tokenizer = find_tokenizer_dir()
+    traced = "every request" if args.trace_ratio == 1 else f"a share of {args.trace_ratio:g}"
+    notes.append(f"gateway traces {traced} (spans made, not exported: no exporter is set)")
     notes.append(
         f"gateway tokenizer_dir: {tokenizer}"
         if tokenizer
@@ -990,7 +1010,7 @@ def start_targets(
         port = free_port()
         cmd = [sys.executable, "-m", "gateway", "--config", str(config)]
         cmd += ["--host", LOCAL, "--port", str(port)]
-        server = start(name, cmd, workdir, clean_env(PYTHONPATH=str(ROOT)))
+        server = start(name, cmd, workdir, gateway_env(args.trace_ratio))
         servers.append(server)
         targets.append(ready_target(name, server, f"http://{LOCAL}:{port}", "/readyz", args))
         if not targets[-1].skipped:
@@ -1048,7 +1068,7 @@ def gateway_processes(
         port = free_port()
         cmd = [sys.executable, "-m", "gateway", "--config", str(config)]
         cmd += ["--host", LOCAL, "--port", str(port)]
-        server = start(f"{name} {i + 1}", cmd, workdir, clean_env(PYTHONPATH=str(ROOT)))
+        server = start(f"{name} {i + 1}", cmd, workdir, gateway_env(args.trace_ratio))
         servers.append(server)
         started.append(ready_target(name, server, f"http://{LOCAL}:{port}", "/readyz", args))
     skipped = [t.skipped for t in started if t.skipped]

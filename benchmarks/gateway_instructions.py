@@ -2,6 +2,7 @@
 
     ./mo setup && $(python3 -m model_optimizer.envs path gateway)/bin/python \\
         benchmarks/gateway_instructions.py [--requests 200] [--stream] [--redis] [--keep]
+        [--trace-ratio 1]
 
 Wall-clock latency on a shared 2-core VM moves by half between runs minutes apart (see
 docs/benchmarks.md#gateway-overhead); the number of instructions a request costs does not
@@ -36,6 +37,7 @@ from benchmarks.bench_gateway import (  # noqa: E402
     Server,
     clean_env,
     find_tokenizer_dir,
+    gateway_env,
     request_body,
     say,
     start,
@@ -74,9 +76,14 @@ def main() -> int:
     parser.add_argument("--stream", action="store_true", help="streamed answers")
     parser.add_argument("--redis", action="store_true", help="shared state in Redis")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument(
+        "--trace-ratio", type=float, default=1.0, help="share of requests traced (default 1)"
+    )
     args = parser.parse_args()
     if args.requests < 1:
         parser.error("--requests must be positive")
+    if not 0 < args.trace_ratio <= 1:
+        parser.error(f"--trace-ratio: a share in (0, 1], not {args.trace_ratio:g}")
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("gateway_instructions: valgrind is not installed", file=sys.stderr)
         return 2
@@ -98,7 +105,7 @@ def main() -> int:
         cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
         cmd += [f"--callgrind-out-file={dump}", sys.executable, "-m", "gateway"]
         cmd += ["--config", str(config), "--host", LOCAL, "--port", str(port)]
-        gateway = start("gateway", cmd, workdir, clean_env(PYTHONPATH=str(ROOT)))
+        gateway = start("gateway", cmd, workdir, gateway_env(args.trace_ratio))
         servers.append(gateway)
         say("gateway starting under callgrind (a minute or two)")
         if why := wait_ready(gateway, f"http://{LOCAL}:{port}/readyz", 600):
@@ -117,6 +124,8 @@ def main() -> int:
         total = total_instructions(dumps[-1])
         mode = "streamed" if args.stream else "whole"
         state = "Redis" if args.redis else "local state"
+        if args.trace_ratio < 1:
+            state += f", a share of {args.trace_ratio:g} traced"
         print(
             f"{total / args.requests:,.0f} instructions per request ({mode} answers, {state}; "
             f"{total:,} over {args.requests} requests)"
