@@ -105,6 +105,10 @@ class Exchange:
             self.set_outcome(exc.status, exc.code or "error")
         elif exc is not None:
             self.set_outcome(500, "internal_error")
+        if exc is not None and not self.owns_span:
+            # Its own span records it through use_span (gateway/request/proxy.py); the server
+            # span would only see its type, and not at all when an APIError becomes an answer.
+            self.span.record_exception(exc)
         # An answer that will not be sent (an exception left the block) cannot finish it.
         if exc is not None or not self.handed_over:
             await self._finish()

@@ -3,9 +3,9 @@
 A completion request goes: body (size-limited, read within ``body_timeout``, JSON object, served
 model; all before the request takes one of the ``max_in_flight`` slots) → ``assess``
 (tokens, class) → ``plan_route`` (tiers and ``max_tokens``; gateway/request/plan.py) → the chain of
-tiers (gateway/request/relay.py), inside a ``gateway.request`` span (class, reason and tokens
-as its attributes) with an ``upstream`` child. Every answer carries ``x-route-class``,
-``x-route-tier`` and ``x-route-reason``; errors keep OpenAI's shape.
+tiers (gateway/request/relay.py); class, reason and tokens are attributes of the request's
+server span (gateway/request/exchange.py), with an ``upstream`` child. Every answer carries
+``x-route-class``, ``x-route-tier`` and ``x-route-reason``; errors keep OpenAI's shape.
 """
 
 from __future__ import annotations

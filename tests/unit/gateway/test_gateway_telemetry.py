@@ -31,6 +31,8 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.app import create_app
+from gateway.config import GatewayConfig, TierEndpoint
 from gateway.telemetry import (
     ATTR_TIER,
     DEFAULT_SERVICE_NAME,
@@ -40,6 +42,8 @@ from gateway.telemetry import (
     shutdown,
     span_processors_from_env,
 )
+from tests.integration.conftest import wait_until
+from tests.stub_tier import MODEL
 
 INCOMING_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 INCOMING_PARENT = "00f067aa0ba902b7"
@@ -439,3 +443,40 @@ def test_server_spans_name_routes_and_nothing_else(
     assert restore.status.status_code == StatusCode.ERROR
     assert unknown.status.status_code != StatusCode.ERROR  # a 404 is the client's
     assert "http.route" not in (unknown.attributes or {})
+
+
+@pytest.mark.parametrize("mode", ["whole", "stream", "stream_dies"])
+def test_the_route_is_written_on_the_server_span(
+    mode: str, make_stub: Any, start_server: Any
+) -> None:
+    """A completion request makes one server span carrying the route (no ``gateway.request``
+    span), with the ``upstream`` exchange as its child; a stream that fails after its 200 keeps
+    the HTTP status and says the outcome beside it."""
+    stub = make_stub()
+    stub.mode = "die" if mode == "stream_dies" else "normal"
+    exporter = InMemorySpanExporter()
+    config = GatewayConfig(model_name=MODEL, tiers=[TierEndpoint(name="fp16", base_url=stub.url)])
+    gateway = start_server(create_app(config, span_exporter=exporter))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    with httpx.Client(timeout=30) as client:
+        if mode == "whole":
+            assert client.post(f"{gateway}/v1/chat/completions", json=body).status_code == 200
+        else:
+            with client.stream(
+                "POST", f"{gateway}/v1/chat/completions", json={**body, "stream": True}
+            ) as answer:
+                assert answer.status_code == 200
+                answer.read()
+    wait_until(lambda: any(s.kind == SpanKind.SERVER for s in exporter.get_finished_spans()), 10)
+    spans = exporter.get_finished_spans()
+    (server,) = [s for s in spans if s.kind == SpanKind.SERVER]
+    assert server.name == "POST /v1/chat/completions"
+    assert not [s for s in spans if s.name == "gateway.request"]
+    attributes = dict(server.attributes or {})
+    assert attributes["gateway.route.tier"] == "fp16"
+    assert attributes["gateway.route.class"] in {"tolerant", "code", "math"}
+    assert attributes["http.response.status_code"] == 200
+    outcome = 502 if mode == "stream_dies" else 200
+    assert attributes["gateway.response.status_code"] == outcome
+    (upstream,) = [s for s in spans if s.name == "upstream"]
+    assert upstream.parent is not None and upstream.parent.span_id == server.context.span_id

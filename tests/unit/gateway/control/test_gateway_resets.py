@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -311,3 +312,48 @@ def test_the_coordinators_own_tier_client_sends_the_tiers_key(
 
     asyncio.run(main())
     assert stubs[1].last_request["headers"]["authorization"] == "Bearer key-int8"
+
+
+class RacingRecords(SharedRecords):
+    """Shared records whose renewal is overtaken: while a renewal is on its way, the reset
+    moves its mark on (as roll_pool lifts one endpoint's mark and sets the next one's)."""
+
+    def __init__(self, inner: SharedRecords, moved_on: str) -> None:
+        super().__init__(inner._state)
+        self.moved_on = moved_on
+
+    async def get(self, name: str) -> str | None:
+        found = await super().get(name)
+        if name == MARKS:
+            await super().put(MARKS, self.moved_on, ttl=30)
+        return found
+
+    async def renew(self, name: str, ttl: float) -> None:
+        if name == MARKS:
+            await super().put(MARKS, self.moved_on, ttl=30)
+        await super().renew(name, ttl)
+
+
+def test_the_leaders_renewal_never_brings_back_a_mark_that_moved_on(
+    three_stubs: list[str], tmp_path: Path
+) -> None:
+    """Renewing by reading the marks and writing them back put the old mark back when the reset
+    moved on in between (seen on the AVX2 EPYC: a pool's first endpoint back out of routing on
+    the other gateway while the second was being reset)."""
+    before = json.dumps({"endpoints": {"int4": {"http://a": "resetting"}}, "token": 1})
+    after = json.dumps({"endpoints": {"int4": {"http://b": "draining"}}, "token": 1})
+
+    async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
+        records = RacingRecords(coordinator.records, after)
+        coordinator.records = records
+        await records.put(MARKS, before, ttl=30)
+        await coordinator.lock.acquire()
+        stopped: list[bool] = []
+        with anyio.move_on_after(0.5):  # one renewal at ttl/3 = 0.1 s, and a few more
+            await coordinator._keep_leading("int4", 1, lambda: stopped.append(True))
+        return await records.get(MARKS), stopped
+
+    policy = _policy(tmp_path, lock_ttl_seconds=0.3)
+    (marks, stopped), _ = _with_coordinator(three_stubs, policy, scenario, [NOON])
+    assert not stopped
+    assert marks == after

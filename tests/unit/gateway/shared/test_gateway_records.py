@@ -6,10 +6,7 @@ import asyncio
 
 from gateway.shared.records import SharedRecords
 from gateway.shared.state import SharedState
-from tests.unit.gateway.shared.test_gateway_shared import Clock, prefix, redis_url
-
-# Fixtures: the Redis on 6379 (or a throwaway one), a key prefix deleted afterwards.
-__all__ = ["prefix", "redis_url"]
+from tests.unit.gateway.shared.test_gateway_shared import Clock
 
 
 def test_renewal_keeps_whatever_value_is_there_now(redis_url: str, prefix: str) -> None:
@@ -25,9 +22,9 @@ def test_renewal_keeps_whatever_value_is_there_now(redis_url: str, prefix: str) 
         records, seen = SharedRecords(state), SharedRecords(other)
         try:
             found: list[str | None] = []
-            await records.put("marks", "endpoint-0", ttl=0.3)
+            await records.put("marks", "endpoint-0", ttl=1.0)
             await records.renew("marks", 5.0)
-            await asyncio.sleep(0.5)  # past the first ttl: the renewal holds it
+            await asyncio.sleep(1.2)  # past the first ttl: the renewal holds it
             found.append(await seen.get("marks"))
             await records.put("marks", "endpoint-1", ttl=5.0)  # moved on
             await records.renew("marks", 5.0)

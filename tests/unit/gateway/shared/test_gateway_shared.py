@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
-from uuid import uuid4
 
 import pytest
 import redis
@@ -16,7 +15,7 @@ import redis
 from backends.process import free_port
 from gateway.shared.lua import INFLIGHT
 from gateway.shared.state import RateDecision, SharedState
-from tests.redis_server import ping, start_redis, stop
+from tests.redis_server import start_redis, stop
 
 T = TypeVar("T")
 LOGGER = "gateway.shared.state"
@@ -30,32 +29,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The Redis on 6379, or a throwaway one when it is not running."""
-    if ping(6379):
-        yield "redis://127.0.0.1:6379/0"
-        return
-    port = free_port()
-    proc = start_redis(port, tmp_path_factory.mktemp("redis"))
-    try:
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        stop(proc)
-
-
-@pytest.fixture
-def prefix(redis_url: str) -> Iterator[str]:
-    """A unique key prefix; its keys are deleted afterwards."""
-    value = f"mo:test:{uuid4().hex}"
-    yield value
-    client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter(match=f"{value}:*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
 
 
 def run(scenario: Callable[[], Awaitable[T]]) -> T:
