@@ -15,9 +15,9 @@ starts (``child``) are its own. It is finished once, in ``_finish``, when its an
 
 Finishing records the Prometheus series (gateway/metrics.py), ends the children, sets the
 request span's attributes (gateway/telemetry.py; the outcome as ``gateway.response.status_code``,
-which differs from the HTTP status when a stream fails or its client leaves) and ends that span
-if it is its own, releases the tier's in-flight slot
-in the shared state (gateway/shared/state.py) and calls ``on_finish`` (the admission slot).
+which differs from the HTTP status when a stream fails or its client leaves), ends that span if
+it is its own, releases the tier's in-flight slot in the shared state (gateway/shared/state.py)
+and calls ``on_finish`` (the admission slot).
 ``SSECounter`` watches a relayed stream for the usage object vLLM sends when asked, and
 otherwise counts the events that carry choices (one token each in vLLM).
 """
