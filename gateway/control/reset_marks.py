@@ -1,12 +1,21 @@
 """The shared reset marks: which tier, or which endpoint of a tier's pool, a reset holds out
-of routing. The leading replica (gateway/control/resets.py) writes them to shared state, every
-replica's board follows them after each scrape (``apply_shared_marks``).
+of routing. The leading replica (gateway/control/resets.py) writes them to shared state through
+its ``MarksPublisher``; every replica's board follows them after each scrape
+(``apply_shared_marks``).
 
-One value, renewed while the reset lasts (it expires ``lock_ttl_seconds`` after the last
-renewal, so a leader that dies cannot keep anything out): ``{tier: state, "token": n}`` for a
+One value, rewritten while the reset lasts (it expires ``lock_ttl_seconds`` after the last
+write, so a leader that dies cannot keep anything out): ``{tier: state, "token": n}`` for a
 whole tier, ``{"endpoints": {tier: {url: state}}, "token": n}`` for one endpoint of a pool
 (gateway/control/pool_resets.py). Values read back are validated: anything that is not a mark
 is dropped, never an exception (Redis is shared with other replicas and operators).
+
+Order is the whole contract. The publisher writes the leader's own latest value, one write at a
+time, and writes it again on every renewal: a write that Redis missed (a timeout on a loaded
+machine sends that replica's shared state local for a while) is repaired at the next renewal,
+and nothing read back from Redis is ever written again (that brought back marks that had moved
+on). A replica's scrape applies what it read only if no mark was set on its board directly
+while the read was on its way (the leader's own marks, set at once, are never undone by an
+older read).
 """
 
 from __future__ import annotations
@@ -14,9 +23,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+import anyio
+
 from backends.tier_state import TierState
 from gateway.control.tier_status import TierBoard
-from gateway.runtime import Runtime
 from gateway.shared.records import SharedRecords
 
 MARKS = "reset:marks"
@@ -75,10 +85,48 @@ def apply_endpoint_marks(board: TierBoard, marks: Mapping[tuple[str, str], TierS
             board.set_endpoint_state(name, url, marks.get((name, url)))
 
 
-async def apply_shared_marks(runtime: Runtime, records: SharedRecords) -> None:
-    """Make this replica's board follow the leader's marks (called after each scrape)."""
+async def apply_shared_marks(board: TierBoard, records: SharedRecords) -> None:
+    """Make this replica's board follow the leader's marks (called after each scrape); a read
+    overtaken by a mark set directly on the board meanwhile is dropped (the next scrape reads
+    again)."""
+    version = board.marks_version
     raw = await records.get(MARKS)
+    if board.marks_version != version:
+        return
     marks = parse_marks(raw)
-    for name in runtime.board.tiers:
-        runtime.board.set_state(name, marks.get(name))
-    apply_endpoint_marks(runtime.board, parse_endpoint_marks(raw))
+    for name in board.tiers:
+        board.set_state(name, marks.get(name))
+    apply_endpoint_marks(board, parse_endpoint_marks(raw))
+
+
+class MarksPublisher:
+    """The leader's side of the marks: its latest value, written in order and again on every
+    ``renew`` (see the module docstring)."""
+
+    def __init__(self, records: SharedRecords) -> None:
+        self._records = records
+        self._value: str | None = None
+        self._stale = False  # the last write stayed local: Redis may hold an older value
+        self._lock = anyio.Lock()  # one write at a time: a slow one is never overtaken
+
+    async def publish(self, value: str | None, ttl: float) -> None:
+        """Make ``value`` the marks (``None``: no mark) for ``ttl`` seconds."""
+        async with self._lock:
+            self._value = value
+            await self._write(ttl)
+
+    async def renew(self, ttl: float) -> None:
+        """Write the latest value again for ``ttl`` seconds (a mark's lease, and the repair of
+        a write Redis missed)."""
+        async with self._lock:  # the value is read under the lock: never one overtaken
+            await self._write(ttl)
+
+    async def repair(self, ttl: float) -> None:
+        """Write the latest value again only if its last write stayed local (after a reset:
+        a lifted mark that Redis missed would hold the tier out until it expired)."""
+        async with self._lock:
+            if self._stale:
+                await self._write(ttl)
+
+    async def _write(self, ttl: float) -> None:
+        self._stale = not await self._records.put(MARKS, self._value, ttl)

@@ -46,7 +46,7 @@ from backends.client import TierClient, TierClientError
 from backends.tier_state import TierState
 from gateway.control.phase_clock import PhaseClock
 from gateway.control.pool_resets import RollSettings, roll_pool
-from gateway.control.reset_marks import MARKS, endpoint_marks_value, json_object
+from gateway.control.reset_marks import MARKS, MarksPublisher, endpoint_marks_value, json_object
 from gateway.control.reset_schedule import ResetDecision, TierResetState, choose_reset
 from gateway.control.ttft_drift import TtftDrift
 from gateway.runtime import Runtime
@@ -94,6 +94,7 @@ class ResetCoordinator:
         self.runtime = runtime
         self.lock = lock
         self.records = SharedRecords(runtime.shared)
+        self.marks = MarksPublisher(self.records)
         self.clock = clock
         self.tick_seconds = tick
         self._tier_client = tier_client or self._default_client
@@ -122,6 +123,8 @@ class ResetCoordinator:
         quiet_for = await self._track_quiet(
             policy.resets.quiet.max_rps if policy.resets.quiet else 0
         )
+        if self.lock.token() is not None:  # still leading: a lift Redis missed is written again
+            await self.marks.repair(policy.resets.lock_ttl_seconds)
         queued = await self._next_request()
         unfinished = await self.records.get(CURRENT)  # a leader may have died mid-reset
         if not policy.resets.enabled and queued is None and unfinished is None:
@@ -131,7 +134,8 @@ class ResetCoordinator:
             if queued is not None:  # not ours to do: put it back for the leader
                 await self.records.push(REQUESTS, queued)
             return None
-        await self._close_abandoned(token)
+        if not self.lock.cut_off:  # alone, it cannot tell a live leader from a dead one
+            await self._close_abandoned(token)
         states = await self._tier_states()
         decision = choose_reset(self.clock(), policy, states, quiet_for, force=queued)
         self.last_decision = decision
@@ -232,7 +236,7 @@ class ResetCoordinator:
 
         async def mark(url: str, state: TierState | None) -> None:
             value = endpoint_marks_value(tier, url, state, token)
-            await self.records.put(MARKS, value, ttl=resets.lock_ttl_seconds)
+            await self.marks.publish(value, ttl=resets.lock_ttl_seconds)
             runtime.board.set_endpoint_state(tier, url, state)
 
         config = runtime.config
@@ -245,17 +249,17 @@ class ResetCoordinator:
         return outcome, detail
 
     async def _keep_leading(self, tier: str, token: int, stop: Callable[[], None]) -> None:
-        """Renew the lock and the tier's mark; stop the reset when leadership is lost."""
+        """Renew the lock and the marks every scrape interval (at most a third of the lease);
+        stop the reset when leadership is lost. The marks are this leader's latest, written
+        again (gateway/control/reset_marks.py): a write Redis missed is repaired within an
+        interval of Redis being back."""
         ttl = self.runtime.policies.active.policy.resets.lock_ttl_seconds
         while True:
-            await anyio.sleep(ttl / 3)
+            await anyio.sleep(min(ttl / 3, self.runtime.config.metrics_interval))
             if not await self.lock.renew():
                 stop()
                 return
-            # The tier's or one endpoint's mark lives on, whichever it is by now: read and
-            # written back, a mark lifted or moved on in between came back (a reset endpoint
-            # held out of routing on every replica, the one being drained put back in).
-            await self.records.renew(MARKS, ttl)
+            await self.marks.renew(ttl)
 
     # ------------------------------------------------------------------ shared marks
 
@@ -263,7 +267,7 @@ class ResetCoordinator:
         """Publish ``tier``'s state to every replica (``None``: back to normal)."""
         ttl = self.runtime.policies.active.policy.resets.lock_ttl_seconds
         value = None if state is None else json.dumps({tier: state, "token": token})
-        await self.records.put(MARKS, value, ttl=ttl)
+        await self.marks.publish(value, ttl=ttl)
         self.runtime.board.set_state(tier, state)
 
     async def _close_abandoned(self, token: int) -> None:

@@ -73,6 +73,9 @@ class TierBoard:
         self._scrapes: dict[tuple[str, str], Scrape] = {}
         self._marks: dict[str, TierState] = {}  # the reset coordinator's, e.g. draining
         self._endpoint_marks: dict[tuple[str, str], TierState] = {}
+        # Counts mark changes: a read of the shared marks that began before a change is older
+        # than the board (gateway/control/reset_marks.py drops it).
+        self.marks_version = 0
         self._endpoints: dict[tuple[str, str], TierEndpoint] = {}  # endpoint()'s, made once
         self.guard = LiveGuard()  # classes shadow comparisons withheld from a tier
 
@@ -118,6 +121,7 @@ class TierBoard:
 
     def set_state(self, name: str, state: TierState | None) -> None:
         """Override a tier's state (``draining``, ``resetting``); ``None`` lifts it."""
+        self.marks_version += 1
         if state is None:
             self._marks.pop(name, None)
         else:
@@ -125,6 +129,7 @@ class TierBoard:
 
     def set_endpoint_state(self, name: str, url: str, state: TierState | None) -> None:
         """Override one endpoint's state (a reset rolling through a pool); ``None`` lifts it."""
+        self.marks_version += 1
         if state is None:
             self._endpoint_marks.pop((name, url), None)
         elif url in self._pools[name]:

@@ -149,6 +149,11 @@ class LeaderLock:
         token = self.token() if self._lease == "local" else None
         return (self.holder, token) if token is not None else (None, None)
 
+    @property
+    def cut_off(self) -> bool:
+        """This instance leads alone because its Redis is unreachable (not: no Redis at all)."""
+        return self._lease == "local" and self._url is not None
+
     def token(self) -> int | None:
         """This holder's token while it believes it leads, else ``None``."""
         return self._token if time.monotonic() < self._until else None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from gateway.shared.state import SharedState, _Conn
 
+MIRROR_SECONDS = 60.0  # how long a value read without an expiry is kept for a Redis outage
+
 
 class SharedRecords:
     """Small named values and capped lists beside a ``SharedState`` (same Redis, same
@@ -13,31 +15,42 @@ class SharedRecords:
     def __init__(self, state: SharedState) -> None:
         self._state = state
 
-    async def put(self, name: str, value: str | None, ttl: float) -> None:
-        """Set ``name`` for ``ttl`` seconds (``None`` deletes it)."""
+    async def put(self, name: str, value: str | None, ttl: float) -> bool:
+        """Set ``name`` for ``ttl`` seconds (``None`` deletes it). True when the shared store
+        has it: Redis took the write, or there is no Redis (local state by design); False
+        when the write stayed local because Redis failed or is being retried."""
         state, key = self._state, self._state._key("value", name)
         if value is None:
             state._local.values.pop(name, None)
-            await state._run(lambda c: c.client.delete(key))
-            return
-        state._local.values[name] = (value, state._clock() + ttl)
-        await state._run(lambda c: c.client.set(key, value, px=max(1, int(ttl * 1000))))
-
-    async def renew(self, name: str, ttl: float) -> None:
-        """Let ``name`` live ``ttl`` more seconds, whatever its value is now (nothing when it is
-        gone). Never rewrites the value: a renewal that read it and wrote it back could put a
-        value back that changed in between (a reset mark lifted or moved on)."""
-        state, key = self._state, self._state._key("value", name)
-        value, until = state._local.values.get(name, (None, 0.0))
-        if value is not None and state._clock() < until:
+            done: object = await state._run(lambda c: c.client.delete(key))
+        else:
             state._local.values[name] = (value, state._clock() + ttl)
-        await state._run(lambda c: c.client.pexpire(key, max(1, int(ttl * 1000))))
+            px = max(1, int(ttl * 1000))
+            done = await state._run(lambda c: c.client.set(key, value, px=px))
+        return done is not None or state._url is None
 
     async def get(self, name: str) -> str | None:
-        state = self._state
-        found = await state._run(lambda c: c.client.get(state._key("value", name)))
-        if state.shared:
-            return str(found) if found is not None else None
+        """The value of ``name``. Read from Redis, it is kept locally with its expiry: while
+        Redis fails, this replica goes on with the last value it saw (a reset mark another
+        replica wrote stays in force until it would have expired, not lifted at once)."""
+        state, key = self._state, self._state._key("value", name)
+
+        async def read(conn: _Conn) -> tuple[object, int]:
+            pipe = conn.client.pipeline(transaction=True)  # the value and its expiry together
+            pipe.get(key)
+            pipe.pttl(key)
+            found, pttl = await pipe.execute()
+            return found, int(pttl)
+
+        read_back = await state._run(read)
+        if read_back is not None:
+            found, pttl = read_back
+            if found is None:
+                state._local.values.pop(name, None)
+                return None
+            seconds = pttl / 1000 if pttl > 0 else MIRROR_SECONDS  # -1: no expiry set
+            state._local.values[name] = (str(found), state._clock() + seconds)
+            return str(found)
         value, until = state._local.values.get(name, (None, 0.0))
         return value if state._clock() < until else None
 

@@ -13,10 +13,11 @@ import httpx
 import pytest
 
 from backends.client import ResetResult, TierClientError
+from backends.process import free_port
 from backends.tier_state import TierState
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint
-from gateway.control.reset_marks import MARKS, apply_shared_marks, parse_marks
+from gateway.control.reset_marks import MARKS, MarksPublisher, apply_shared_marks, parse_marks
 from gateway.control.resets import CURRENT, HISTORY, ResetCoordinator
 from gateway.runtime import Runtime
 from gateway.shared.leader import LeaderLock
@@ -165,10 +166,10 @@ def test_reset_now_skips_the_window_and_marks_the_tier_meanwhile(
             if name == "int8":
                 seen.append(runtime.board.state("int8"))
 
-        async def publishing(name: str, value: str | None, ttl: float) -> None:
-            if name == MARKS:
-                published.append(value)
-            await put(name, value, ttl)
+        async def publishing(name: str, value: str | None, ttl: float) -> bool:
+            if name == MARKS and (not published or published[-1] != value):
+                published.append(value)  # a renewal writes the same value again
+            return await put(name, value, ttl)
 
         runtime.board.set_state = recording  # type: ignore[method-assign]
         coordinator.records.put = publishing  # type: ignore[method-assign]
@@ -217,7 +218,7 @@ def test_an_unfinished_reset_of_an_older_leader_is_recorded_as_abandoned(
         await records.put("reset:current", json.dumps(dead), ttl=60)
         await records.put(MARKS, json.dumps({"fp16": "draining", "token": 0}), ttl=60)
         await coordinator.tick()
-        await apply_shared_marks(runtime, records)
+        await apply_shared_marks(runtime.board, records)
         return [json.loads(x) for x in await records.items(HISTORY)], runtime.board.state("fp16")
 
     (history, state), calls = _with_coordinator(three_stubs, _policy(tmp_path), scenario, [NOON])
@@ -262,7 +263,7 @@ def test_garbage_in_the_shared_reset_values_is_dropped_not_fatal(
         await records.push(HISTORY, json.dumps(good))
         for bad in ("5", "not json", '{"tier": "fp16"}', json.dumps({**good, "started_at": "x"})):
             await records.push(HISTORY, bad)
-        await apply_shared_marks(runtime, records)  # the scrape loop's step
+        await apply_shared_marks(runtime.board, records)  # the scrape loop's step
         decision = await coordinator.tick()
         described = await coordinator.describe()
         return decision, await coordinator.history(), described, await records.get(CURRENT)
@@ -314,42 +315,40 @@ def test_the_coordinators_own_tier_client_sends_the_tiers_key(
     assert stubs[1].last_request["headers"]["authorization"] == "Bearer key-int8"
 
 
-class RacingRecords(SharedRecords):
-    """Shared records whose renewal is overtaken: while a renewal is on its way, the reset
-    moves its mark on (as roll_pool lifts one endpoint's mark and sets the next one's)."""
+class MissingRecords(SharedRecords):
+    """Shared records that miss the next ``missed`` writes of the marks (a Redis timeout on a
+    loaded machine leaves them local)."""
 
-    def __init__(self, inner: SharedRecords, moved_on: str) -> None:
+    def __init__(self, inner: SharedRecords, missed: int) -> None:
         super().__init__(inner._state)
-        self.moved_on = moved_on
+        self.missed = missed
 
-    async def get(self, name: str) -> str | None:
-        found = await super().get(name)
-        if name == MARKS:
-            await super().put(MARKS, self.moved_on, ttl=30)
-        return found
-
-    async def renew(self, name: str, ttl: float) -> None:
-        if name == MARKS:
-            await super().put(MARKS, self.moved_on, ttl=30)
-        await super().renew(name, ttl)
+    async def put(self, name: str, value: str | None, ttl: float) -> bool:
+        if name == MARKS and self.missed:
+            self.missed -= 1
+            return False
+        return await super().put(name, value, ttl)
 
 
-def test_the_leaders_renewal_never_brings_back_a_mark_that_moved_on(
+def test_the_leaders_renewal_repairs_a_missed_mark_and_never_brings_back_an_old_one(
     three_stubs: list[str], tmp_path: Path
 ) -> None:
-    """Renewing by reading the marks and writing them back put the old mark back when the reset
-    moved on in between (seen on the AVX2 EPYC: a pool's first endpoint back out of routing on
-    the other gateway while the second was being reset)."""
+    """Seen on an AVX2 EPYC: the other gateway saw a pool's first endpoint out of routing again
+    while the second was being reset. A renewal that read the marks and wrote them back put an
+    old mark back; a renewal that only extended the expiry kept an old mark whose lift Redis had
+    missed. The leader writes its own latest value again instead."""
     before = json.dumps({"endpoints": {"int4": {"http://a": "resetting"}}, "token": 1})
     after = json.dumps({"endpoints": {"int4": {"http://b": "draining"}}, "token": 1})
 
     async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
-        records = RacingRecords(coordinator.records, after)
-        coordinator.records = records
-        await records.put(MARKS, before, ttl=30)
+        records = MissingRecords(coordinator.records, missed=2)
+        coordinator.marks = MarksPublisher(records)
+        await records.put(MARKS, before, ttl=30)  # in Redis; the lift and the next mark missed
+        await coordinator.marks.publish(None, ttl=30)
+        await coordinator.marks.publish(after, ttl=30)
         await coordinator.lock.acquire()
         stopped: list[bool] = []
-        with anyio.move_on_after(0.5):  # one renewal at ttl/3 = 0.1 s, and a few more
+        with anyio.move_on_after(0.5):  # renewals every scrape interval (0.05 s here)
             await coordinator._keep_leading("int4", 1, lambda: stopped.append(True))
         return await records.get(MARKS), stopped
 
@@ -357,3 +356,35 @@ def test_the_leaders_renewal_never_brings_back_a_mark_that_moved_on(
     (marks, stopped), _ = _with_coordinator(three_stubs, policy, scenario, [NOON])
     assert not stopped
     assert marks == after
+
+
+def test_a_replica_cut_off_from_redis_never_calls_a_live_leaders_reset_abandoned(
+    three_stubs: list[str], tmp_path: Path
+) -> None:
+    """Cut off from Redis, a replica leads alone (gateway/shared/leader.py) and still sees the
+    reset under way as it last read it: it cannot tell a live leader from a dead one, so it
+    leaves the record and the marks alone."""
+
+    async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
+        records = SharedRecords(runtime.shared)
+        # Token 5: above the app's own coordinator's local lease (1), which ticks meanwhile.
+        live = {"tier": "fp16", "token": 5, "started_at": NOON - 5, "leader": "other"}
+        await records.put(CURRENT, json.dumps(live), ttl=60)
+        await records.put(MARKS, json.dumps({"fp16": "draining", "token": 5}), ttl=60)
+        lock = LeaderLock(f"redis://127.0.0.1:{free_port()}/0", "test:leader", ttl=30.0,
+                          op_timeout=0.2)  # fmt: skip
+        await lock.start()  # nothing listens
+        lock._seen = 5  # it read the live leader's token before (GET /admin/resets does)
+        coordinator.lock = lock
+        await coordinator.tick()
+        cut_off = lock.cut_off
+        await lock.aclose()
+        history = [json.loads(x) for x in await records.items(HISTORY)]
+        return cut_off, history, await records.get(CURRENT), await records.get(MARKS)
+
+    (cut_off, history, current, marks), _ = _with_coordinator(
+        three_stubs, _policy(tmp_path), scenario, [NOON]
+    )
+    assert cut_off
+    assert history == []
+    assert current is not None and marks is not None

@@ -1,60 +1,92 @@
-"""SharedRecords' renewal: a value's time is extended, the value itself never written back."""
+"""SharedRecords: whether a write reached the shared store (the reset leader repairs the ones
+that did not, gateway/control/reset_marks.py), and values other replicas read."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from pathlib import Path
 
+from backends.process import free_port
 from gateway.shared.records import SharedRecords
 from gateway.shared.state import SharedState
+from tests.redis_server import start_redis, stop
 from tests.unit.gateway.shared.test_gateway_shared import Clock
 
 
-def test_renewal_keeps_whatever_value_is_there_now(redis_url: str, prefix: str) -> None:
-    """The reset leader's renewal races its own marks: a renewal must never bring back a mark
-    that was lifted or replaced meanwhile (read-then-write did: a reset endpoint stayed out of
-    routing on the other replicas while the next one was put back in)."""
-
-    async def scenario() -> list[str | None]:
+def test_a_write_says_whether_redis_took_it(redis_url: str, prefix: str) -> None:
+    async def scenario() -> list[object]:
         state = SharedState(redis_url, prefix=prefix, replica_id="a")
         other = SharedState(redis_url, prefix=prefix, replica_id="b")
         await state.start()
         await other.start()
         records, seen = SharedRecords(state), SharedRecords(other)
         try:
-            found: list[str | None] = []
-            await records.put("marks", "endpoint-0", ttl=1.0)
-            await records.renew("marks", 5.0)
-            await asyncio.sleep(1.2)  # past the first ttl: the renewal holds it
+            found: list[object] = [await records.put("marks", "endpoint-0", ttl=5.0)]
             found.append(await seen.get("marks"))
-            await records.put("marks", "endpoint-1", ttl=5.0)  # moved on
-            await records.renew("marks", 5.0)
-            found.append(await seen.get("marks"))
-            await records.put("marks", None, ttl=1)  # lifted
-            await records.renew("marks", 5.0)
+            found.append(await records.put("marks", None, ttl=1))  # lifted
             found.append(await seen.get("marks"))
             return found
         finally:
             await state.aclose()
             await other.aclose()
 
-    assert asyncio.run(scenario()) == ["endpoint-0", "endpoint-1", None]
+    assert asyncio.run(scenario()) == [True, "endpoint-0", True, None]
 
 
-def test_renewal_in_local_state_extends_and_never_revives() -> None:
-    clock = Clock()
+def test_a_write_while_redis_is_unreachable_says_it_stayed_local() -> None:
+    async def scenario() -> tuple[bool, str | None]:
+        state = SharedState(f"redis://127.0.0.1:{free_port()}/0", op_timeout=0.2)
+        await state.start()  # nothing listens: local state meanwhile
+        try:
+            records = SharedRecords(state)
+            return await records.put("marks", "tier", ttl=5.0), await records.get("marks")
+        finally:
+            await state.aclose()
+
+    assert asyncio.run(scenario()) == (False, "tier")  # this replica still sees its own
+
+
+def test_without_redis_the_local_state_is_the_shared_store() -> None:
+    async def scenario() -> tuple[bool, bool, str | None]:
+        records = SharedRecords(SharedState(None))
+        put = await records.put("marks", "tier", ttl=5.0)
+        lifted = await records.put("marks", None, ttl=1)
+        return put, lifted, await records.get("marks")
+
+    assert asyncio.run(scenario()) == (True, True, None)
+
+
+def test_a_value_another_replica_wrote_outlives_a_redis_outage_until_its_expiry(
+    tmp_path: Path,
+) -> None:
+    """A reset mark read from Redis stays in force while Redis fails (this replica would send
+    traffic to an endpoint being reset otherwise), and only as long as it would have lived."""
+    port = free_port()
+    proc = start_redis(port, tmp_path)
+    clock = Clock(time.time())
 
     async def scenario() -> list[str | None]:
-        records = SharedRecords(SharedState(None, clock=clock))
-        found: list[str | None] = []
-        await records.put("marks", "tier", ttl=1.0)
-        clock.now += 0.9
-        await records.renew("marks", 1.0)
-        clock.now += 0.9  # 1.8 s after the put: alive only through the renewal
-        found.append(await records.get("marks"))
-        clock.now += 0.2
-        found.append(await records.get("marks"))  # expired
-        await records.renew("marks", 10.0)  # an expired value stays gone
-        found.append(await records.get("marks"))
-        return found
+        url = f"redis://127.0.0.1:{port}/0"
+        leader = SharedState(url, replica_id="leader")
+        state = SharedState(url, replica_id="reader", clock=clock, op_timeout=0.2)
+        await leader.start()
+        await state.start()
+        try:
+            await SharedRecords(leader).put("marks", "endpoint-0", ttl=30.0)
+            reader = SharedRecords(state)
+            found = [await reader.get("marks")]
+            stop(proc)  # Redis goes away
+            found.append(await reader.get("marks"))  # fails over to the last value seen
+            found.append(await reader.get("marks"))  # local now
+            clock.now += 31  # past the mark's expiry
+            found.append(await reader.get("marks"))
+            return found
+        finally:
+            await state.aclose()
+            await leader.aclose()
 
-    assert asyncio.run(scenario()) == ["tier", None, None]
+    try:
+        assert asyncio.run(scenario()) == ["endpoint-0", "endpoint-0", "endpoint-0", None]
+    finally:
+        stop(proc)
