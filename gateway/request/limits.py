@@ -45,6 +45,7 @@ from tokenizers import Tokenizer
 
 from gateway.policy.schema import LimitsPolicy
 from gateway.request.classify import content_texts
+from gateway.request.count_cache import CountCache
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 INVALID_VALUE = "invalid_value"
@@ -77,10 +78,13 @@ class ChatFormat:
 class TokenCounter:
     """Counts prompt tokens as the model's tokenizer does (chat template applied roughly)."""
 
-    def __init__(self, tokenizer: Tokenizer, chat_template: str | None = None) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, chat_template: str | None = None, cache_chars: int = 4_000_000
+    ) -> None:
         self._tokenizer = tokenizer
         self.chat_template = chat_template
         self._formats: dict[str | None, ChatFormat] = {}
+        self.cache = CountCache(cache_chars)  # a conversation's history is counted once
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -146,23 +150,28 @@ class TokenCounter:
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
 
     def _bounded(self, text: str, limit: int | None, *, special: bool = False) -> int:
-        """Tokens of ``text``: exact up to ``limit``, some number above it past it."""
+        """Tokens of ``text``: exact up to ``limit``, some number above it past it (an exact
+        count is kept in the cache, the pieces' sum of a text over the limit is not)."""
+        cached = self.cache.get(text, special)
+        if cached is not None:
+            return cached
         encode = self._tokenizer.encode
         size = _piece_chars(limit) if limit is not None else 0
-        if limit is None or len(text) <= size:
-            return len(encode(text, add_special_tokens=special).ids)
-        total, start = 0, 0
-        while start < len(text):
-            end = _cut(text, start, start + size)
-            size *= 2
-            # The special tokens are added once, with the first piece.
-            total += len(encode(text[start:end], add_special_tokens=special and not start).ids)
-            start = end
-            if start < len(text):
-                total -= 2  # the next piece may start inside a word of this one
-            if total > limit:
-                return total
-        return len(encode(text, add_special_tokens=special).ids)
+        if limit is not None and len(text) > size:
+            total, start = 0, 0
+            while start < len(text):
+                end = _cut(text, start, start + size)
+                size *= 2
+                # The special tokens are added once, with the first piece.
+                total += len(encode(text[start:end], add_special_tokens=special and not start).ids)
+                start = end
+                if start < len(text):
+                    total -= 2  # the next piece may start inside a word of this one
+                if total > limit:
+                    return total
+        count = len(encode(text, add_special_tokens=special).ids)
+        self.cache.put(text, special, count)
+        return count
 
 
 def _piece_chars(limit: int) -> int:
