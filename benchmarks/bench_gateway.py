@@ -49,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -520,10 +521,13 @@ class Step:
     errors: dict[str, int] = field(default_factory=dict)
 
 
-def request_body(model: str, stream: bool, max_tokens: int) -> bytes:
+def request_body(model: str, stream: bool, max_tokens: int, nonce: str = "") -> bytes:
+    """The benchmark's request; a ``nonce`` makes its prompt differ from every other's (the
+    gateway caches token counts per text: a prompt sent again would skip its count)."""
+    prompt = f"{PROMPT} ({nonce})" if nonce else PROMPT
     body: dict[str, Any] = {
         "model": model,
-        "messages": [{"role": "user", "content": PROMPT}],
+        "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "temperature": 0,
     }
@@ -535,20 +539,27 @@ def request_body(model: str, stream: bool, max_tokens: int) -> bytes:
 HEADERS = {"content-type": "application/json", "authorization": "Bearer unused"}
 
 
+def request_bodies(model: str, stream: bool, max_tokens: int, count: int) -> list[bytes]:
+    """``count`` requests, each prompt its own (a batch's prefix and the request's number)."""
+    batch = uuid.uuid4().hex[:8]
+    return [request_body(model, stream, max_tokens, f"{batch}-{i}") for i in range(count)]
+
+
 @dataclass(frozen=True)
 class Lane:
     pool: Pool
-    raw: bytes  # the request, ready to write
+    raws: list[bytes]  # the requests, ready to write: request i writes raws[i]
 
 
-def lanes(target: Target, body: bytes, connections: int, timeout: float) -> list[Lane]:
-    """One keep-alive pool per process of ``target``, each with the whole POST of ``body`` to
-    its chat completions as the load client writes it; request ``i`` takes lane ``i % n``."""
+def lanes(target: Target, bodies: list[bytes], connections: int, timeout: float) -> list[Lane]:
+    """One keep-alive pool per process of ``target``, each with the whole POSTs of ``bodies``
+    to its chat completions as the load client writes them; request ``i`` takes lane
+    ``i % n``."""
     found = []
     for url in target.urls:
         host, _, port = url.removeprefix("http://").partition(":")
-        raw = post_bytes(host, int(port), "/v1/chat/completions", body, HEADERS)
-        found.append(Lane(Pool(host, int(port), connections, timeout), raw))
+        raws = [post_bytes(host, int(port), "/v1/chat/completions", b, HEADERS) for b in bodies]
+        found.append(Lane(Pool(host, int(port), connections, timeout), raws))
     return found
 
 
@@ -581,12 +592,12 @@ async def closed_batch(
     """``count`` requests at ``concurrency`` in flight, within ``args.batch_timeout``."""
     total = count if count is not None else args.requests
     stream = mode == "stream"
-    body = request_body(args.model, stream, args.max_tokens)
+    bodies = request_bodies(args.model, stream, args.max_tokens, total)
     errors: Counter[str] = Counter()
     samples: list[Sample] = []
     issued = 0
     deadline = time.perf_counter() + args.batch_timeout
-    ways = lanes(target, body, concurrency, args.request_timeout)
+    ways = lanes(target, bodies, concurrency, args.request_timeout)
     try:
 
         async def worker(i: int) -> None:
@@ -594,7 +605,8 @@ async def closed_batch(
             lane = ways[i % len(ways)]
             while issued < total and time.perf_counter() < deadline:
                 issued += 1
-                samples.append(await one_request(lane.pool, lane.raw, stream, errors))
+                raw = lane.raws[issued - 1]
+                samples.append(await one_request(lane.pool, raw, stream, errors))
 
         cpu_before = target.cpu()
         started = time.perf_counter()
@@ -626,16 +638,16 @@ async def closed_batch(
 async def open_step(target: Target, rate: int, args: argparse.Namespace) -> Step:
     """``rate`` requests a second for ``args.step_seconds``, sent on schedule whatever answers."""
     count = max(1, round(rate * args.step_seconds))
-    body = request_body(args.model, False, args.max_tokens)
+    bodies = request_bodies(args.model, False, args.max_tokens, count)
     errors: Counter[str] = Counter()
     latencies: list[float] = []
     ends: list[float] = []
-    ways = lanes(target, body, args.max_connections, args.request_timeout)
+    ways = lanes(target, bodies, args.max_connections, args.request_timeout)
     try:
 
         async def fire(at: float, i: int) -> None:
             lane = ways[i % len(ways)]
-            sample = await one_request(lane.pool, lane.raw, False, errors)
+            sample = await one_request(lane.pool, lane.raws[i], False, errors)
             if sample.ok:
                 end = time.perf_counter()
                 latencies.append(end - at)  # from the scheduled time: client lag counts

@@ -11,7 +11,8 @@ compared with this. The stub upstream of bench_gateway.py answers; the gateway r
 bench_gateway.py runs it (one tier, the shipped classifier, the default model's tokenizer,
 spans) under ``valgrind --tool=callgrind`` with counting off; after 50 warm-up requests
 counting is switched on (``callgrind_control -i on``), --requests requests are sent one at a
-time, and the counters are dumped. Without --redis the gateway keeps its state locally: its
+time (each prompt its own, as in bench_gateway.py: the gateway caches token counts per text),
+and the counters are dumped. Without --redis the gateway keeps its state locally: its
 Redis writes are timed (one per ``shared_flush_interval``) and valgrind's ~50x slowdown would
 put one on every request. Needs Debian's valgrind (``callgrind_control``).
 """
@@ -38,7 +39,7 @@ from benchmarks.bench_gateway import (  # noqa: E402
     clean_env,
     find_tokenizer_dir,
     gateway_env,
-    request_body,
+    request_bodies,
     say,
     start,
     wait_ready,
@@ -50,10 +51,10 @@ from model_optimizer.stack import DEFAULT_SERVED_NAME  # noqa: E402
 WARM_UP = 50
 
 
-async def send(port: int, raw: bytes, count: int) -> None:
+async def send(port: int, raws: list[bytes]) -> None:
     pool = Pool(LOCAL, port, 1, 60.0)
     try:
-        for _ in range(count):
+        for raw in raws:
             answer = await pool.request(raw)
             if answer.status != 200:
                 raise SystemExit(f"the gateway answered {answer.status}: {answer.tail[-200:]!r}")
@@ -110,13 +111,13 @@ def main() -> int:
         say("gateway starting under callgrind (a minute or two)")
         if why := wait_ready(gateway, f"http://{LOCAL}:{port}/readyz", 600):
             raise SystemExit(f"gateway did not start: {why}\n{gateway.tail()}")
-        body = request_body(DEFAULT_SERVED_NAME, args.stream, 8)
-        raw = post_bytes(LOCAL, port, "/v1/chat/completions", body, HEADERS)
-        asyncio.run(send(port, raw, WARM_UP))
+        bodies = request_bodies(DEFAULT_SERVED_NAME, args.stream, 8, WARM_UP + args.requests)
+        raws = [post_bytes(LOCAL, port, "/v1/chat/completions", b, HEADERS) for b in bodies]
+        asyncio.run(send(port, raws[:WARM_UP]))
         pid = str(gateway.process.pid)
         subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
         say(f"{args.requests} requests, counted")
-        asyncio.run(send(port, raw, args.requests))
+        asyncio.run(send(port, raws[WARM_UP:]))
         subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
         dumps = sorted(workdir.glob("callgrind.out*"), key=lambda p: p.stat().st_size)
         if not dumps:
