@@ -248,8 +248,21 @@ def _talk(gateway: str, conversation: Plan, mode: str, index: int) -> list[Turn]
 OUT = ("draining", "resetting")  # an endpoint a pool reset holds out of routing
 
 
+def _gateway_warnings(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The gateways' warnings (a Redis timeout sends a replica's shared state local for a
+    while): what a failed assertion about the marks needs beside the views."""
+    logs = sorted(tmp_path_factory.getbasetemp().glob("pool-gateways*/gateway*.log"))
+    lines = [
+        f"{log.name}: {line}"
+        for log in logs
+        for line in log.read_text(errors="replace").splitlines()
+        if "WARNING" in line or "Redis" in line
+    ]
+    return "\n".join(lines[-40:]) or "(no warnings in the gateways' logs)"
+
+
 def test_a_pool_reset_rolls_one_replica_at_a_time_and_no_request_fails(
-    gateways: tuple[list[str], list[str]],
+    gateways: tuple[list[str], list[str]], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     urls, pool = gateways
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -308,14 +321,17 @@ def test_a_pool_reset_rolls_one_replica_at_a_time_and_no_request_fails(
     detail = str(record["detail"])  # "<url>: ok (...); <url>: ok (...)", in pool order
     assert detail.startswith(f"{pool[0]}: ok") and f"; {pool[1]}: ok" in detail, detail
     assert views and all(tier == "ready" for _, _, tier, _ in views)
+    warnings = _gateway_warnings(tmp_path_factory)
+    print(warnings)
     for g in range(len(urls)):
         seen = [(when, states) for when, gw, _, states in views if gw == g]
         # Never both endpoints out at once, in either gateway's view...
-        assert all(sum(s in OUT for s in states) <= 1 for _, states in seen), seen
-        assert all("ready" in states for _, states in seen), seen
+        assert all(sum(s in OUT for s in states) <= 1 for _, states in seen), (seen, warnings)
+        assert all("ready" in states for _, states in seen), (seen, warnings)
         out = [[when for when, states in seen if states[i] in OUT] for i in range(len(pool))]
         assert all(out), f"gateway {g} never saw an endpoint out: {seen}"
-        assert max(out[0]) < min(out[1]), seen  # ...and one after the other, in pool order
+        # ...and one after the other, in pool order
+        assert max(out[0]) < min(out[1]), (seen, warnings)
         # Requests were answered while each endpoint was out: the load went on through the roll.
         for i, times in enumerate(out):
             during = sum(s < max(times) and e > min(times) for s, e, _, _ in answers)
