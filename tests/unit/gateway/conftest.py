@@ -1,20 +1,50 @@
-"""Fixtures for gateway tests: a vLLM look-alike stub tier (tests/stub_tier.py) and real
-uvicorn servers on 127.0.0.1."""
+"""Fixtures for gateway tests: a vLLM look-alike stub tier (tests/stub_tier.py), real
+uvicorn servers on 127.0.0.1, and a real Redis with a key prefix per test."""
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
+from uuid import uuid4
 
 import httpx
 import pytest
+import redis
 
+from backends.process import free_port
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint
 from gateway.server import server_options
+from tests.redis_server import ping, start_redis, stop
 from tests.servers import ServerThread
 from tests.stub_tier import MODEL, WAIT, StubTier
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Redis on 6379, or a throwaway one when it is not running."""
+    if ping(6379):
+        yield "redis://127.0.0.1:6379/0"
+        return
+    port = free_port()
+    proc = start_redis(port, tmp_path_factory.mktemp("redis"))
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        stop(proc)
+
+
+@pytest.fixture
+def prefix(redis_url: str) -> Iterator[str]:
+    """A unique key prefix; its keys are deleted afterwards."""
+    value = f"mo:test:{uuid4().hex}"
+    yield value
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=f"{value}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
 
 
 @pytest.fixture

@@ -4,15 +4,19 @@ apply that never undoes a newer mark."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import anyio
+import redis
 
+from backends.process import free_port
 from backends.tier_state import TierState
 from gateway.config import TierEndpoint
 from gateway.control.reset_marks import MARKS, MarksPublisher, apply_shared_marks
 from gateway.control.tier_status import TierBoard
 from gateway.shared.records import SharedRecords
 from gateway.shared.state import SharedState
+from tests.redis_server import start_redis, stop
 
 POOL = ["http://a:8000", "http://b:8000"]
 A_OUT = json.dumps({"endpoints": {"int4": {POOL[0]: "resetting"}}, "token": 1})
@@ -138,3 +142,49 @@ def test_a_read_overtaken_by_a_direct_mark_is_dropped() -> None:
         return [after_race, [board.endpoint_state("int4", url) for url in POOL]]
 
     assert anyio.run(scenario) == [[TierState.READY, TierState.DRAINING]] * 2
+
+
+def test_marks_redis_missed_while_a_write_stalled_are_repaired_at_the_renewal(
+    tmp_path: Path,
+) -> None:
+    """The failure seen in CI, on a real Redis: a write stalled past the shared state's timeout
+    (here: Redis pauses writes) is lost, and the leader's next writes stay local until its
+    shared state is back, so every other replica reads an endpoint's mark from before (this
+    endpoint draining while the leader has moved on to the next). Extending the expiry kept
+    that old mark alive as long as the reset lasted; the renewal writes the leader's latest."""
+    port = free_port()
+    proc = start_redis(port, tmp_path)
+    url = f"redis://127.0.0.1:{port}/0"
+    a_draining = A_OUT.replace("resetting", "draining")
+
+    async def scenario() -> tuple[str | None, str | None, str | None]:
+        leader = SharedState(url, replica_id="leader", op_timeout=0.2, retry_interval=0.3)
+        follower = SharedState(url, replica_id="follower")
+        await leader.start()
+        await follower.start()
+        seen = SharedRecords(follower)
+        marks = MarksPublisher(SharedRecords(leader))
+        try:
+            await marks.publish(a_draining, ttl=30)
+            first = await seen.get(MARKS)
+            admin = redis.Redis.from_url(url)
+            admin.client_pause(700, all=False)  # writes wait 0.7 s
+            admin.close()
+            await marks.publish(A_OUT, ttl=30)  # times out: the shared state goes local
+            await marks.publish(None, ttl=30)  # the leader moves on, locally for now
+            await marks.publish(B_OUT, ttl=30)
+            await anyio.sleep(1.5)  # the pause is over, the leader's shared state is back
+            stale = await seen.get(MARKS)
+            await marks.renew(ttl=30)
+            return first, stale, await seen.get(MARKS)
+        finally:
+            await follower.aclose()
+            await leader.aclose()
+
+    try:
+        first, stale, renewed = anyio.run(scenario)
+    finally:
+        stop(proc)
+    assert first == a_draining
+    assert stale != B_OUT  # what the other replicas saw until the renewal
+    assert renewed == B_OUT
