@@ -18,7 +18,9 @@ SSE chunks when streaming): a vLLM tier on this CPU takes ~100 ms a token, which
 proxies' cost. ``--upstream URL`` points all targets at a real tier instead.
 
 1. Closed loop: --rounds rounds; in each, every target (order rotated each round, so drift on
-   a shared machine falls on all of them) gets --requests short chat requests at --concurrency,
+   a shared machine falls on all of them) gets --requests short chat requests at --concurrency
+   (each prompt its own, a batch prefix and the request's number: the gateway caches token
+   counts per text),
    per mode: ``chat`` (latency of the whole answer) and ``stream`` (time to the first body
    byte). p50 / p99 / mean over all rounds, the added p50 / p99 against direct, requests per
    second, the server's CPU time per request (process tree, user + system) and failures.
@@ -1147,7 +1149,8 @@ def report(
         f"- closed loop: concurrency {', '.join(map(str, args.concurrency))}, {args.requests}"
         " requests per target, "
         f"mode and round, {args.rounds} rounds (target order rotated each round), "
-        f"max_tokens {args.max_tokens}, prompt {PROMPT!r}"
+        f"max_tokens {args.max_tokens}, prompt {PROMPT!r} + ' (<batch>-<n>)', "
+        "each request's own"
     )
     print(
         f"- open loop: rates {', '.join(map(str, args.rates))} req/s, {args.step_seconds:g} s each;"
