@@ -46,7 +46,7 @@ from gateway.request.aiohttp_transport import AiohttpTransport
 from gateway.request.classify import CompiledClasses
 from gateway.request.fast_routes import CompletionRoutes
 from gateway.request.limits import TokenCounter
-from gateway.request.plan import ByteCounter, PromptCounter
+from gateway.request.prompt_count import ByteCounter, PromptCounter
 from gateway.request.proxy import chat_completions, completions, list_models
 from gateway.request.upstream import Upstream
 from gateway.request_log import RequestLog

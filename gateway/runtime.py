@@ -16,7 +16,7 @@ from gateway.control.tier_status import TierBoard
 from gateway.metrics import GatewayMetrics
 from gateway.policy.schema import CLASS_NAMES, RoutingPolicy
 from gateway.policy.store import ActivePolicy
-from gateway.request.plan import PromptCounter
+from gateway.request.prompt_count import PromptCounter
 from gateway.request.upstream import Upstream
 from gateway.request_log import RequestLog
 from gateway.shared.state import SharedState

@@ -50,7 +50,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy.schema import ShadowPolicy
 from gateway.request.endpoint_choice import Saturation
 from gateway.request.limits import TokenCounter
-from gateway.request.plan import PromptCounter
+from gateway.request.prompt_count import PromptCounter
 from gateway.request.upstream import Upstream
 from gateway.telemetry import ATTR_TIER, inject_trace_headers
 

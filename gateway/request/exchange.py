@@ -79,6 +79,9 @@ class Exchange:
         self.started = clock()
         self.cls, self.reason, self.tier = NONE, "", NONE
         self.input_tokens: int | None = None
+        # Set when the plan took a bound for the prompt's tokens: the exact count, taken when
+        # the exchange finishes (after the answer, off its path) unless the tier's usage came.
+        self.count_input: Callable[[], int] | None = None
         self.p_precise: float | None = None  # the classifier model's probability
         self.output_tokens: int | None = None
         self.ttft: float | None = None
@@ -175,6 +178,8 @@ class Exchange:
             self.on_finish()
         try:
             duration = self.clock() - self.started
+            if self.count_input is not None:
+                self.input_tokens, self.count_input = self.count_input(), None
             self.metrics.observe_request(
                 self.cls,
                 self.tier,

@@ -46,6 +46,7 @@ from tokenizers import Tokenizer
 from gateway.policy.schema import LimitsPolicy
 from gateway.request.classify import content_texts
 from gateway.request.count_cache import CountCache
+from gateway.request.prompt_bound import byte_level, utf8_length
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 INVALID_VALUE = "invalid_value"
@@ -85,6 +86,7 @@ class TokenCounter:
         self.chat_template = chat_template
         self._formats: dict[str | None, ChatFormat] = {}
         self.cache = CountCache(cache_chars)  # a conversation's history is counted once
+        self._byte_level: bool | None = None  # prompt_bound.byte_level, found on first use
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -137,6 +139,32 @@ class TokenCounter:
                 if limit is not None and total > limit:
                     return total
         return total + (chat.generation_prompt if add_generation_prompt else 0)
+
+    def bound_text(self, text: str) -> int | None:
+        """At least what ``count_text`` finds, without tokenizing (gateway/request/
+        prompt_bound.py); ``None`` when the tokenizer is not a byte-level BPE."""
+        if not self._bytes_bound_tokens():
+            return None
+        return utf8_length(text) + self._tokenizer.num_special_tokens_to_add(False)
+
+    def bound_chat(self, messages: Sequence[Mapping[str, Any]]) -> int | None:
+        """At least what ``count_chat`` finds (default template), without tokenizing."""
+        if not self._bytes_bound_tokens():
+            return None
+        chat = self.chat_format(self.chat_template)
+        total = chat.begin + chat.generation_prompt
+        if not messages or messages[0].get("role") != "system":
+            total += chat.default_system
+        for message in messages:
+            role = message.get("role")
+            total += chat.overhead(role if isinstance(role, str) else "")
+            total += sum(utf8_length(piece) for piece in _message_texts(message))
+        return total
+
+    def _bytes_bound_tokens(self) -> bool:
+        if self._byte_level is None:
+            self._byte_level = byte_level(self._tokenizer)
+        return self._byte_level
 
     def chat_format(self, chat_template: str | None) -> ChatFormat:
         """The overheads of ``chat_template``, derived once per template."""

@@ -22,16 +22,17 @@ Order of the checks (policies/routing.yaml explains each knob):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError
 from gateway.policy.schema import RoutingPolicy
-from gateway.request.classify import CompiledClasses, classify_request, content_texts
+from gateway.request.classify import CompiledClasses, classify_request
 from gateway.request.costs import request_cost
 from gateway.request.limits import check_limits, check_prompt
+from gateway.request.prompt_bound import bound_decides
+from gateway.request.prompt_count import CHAT, PromptCounter, bound_prompt, count_prompt
 from gateway.request.router import (
     CONTEXT_LENGTH_EXCEEDED,
     UNKNOWN_TIER,
@@ -42,36 +43,6 @@ from gateway.request.router import (
 )
 
 MAX_REASON = 400  # characters of x-route-reason
-CHAT = "/v1/chat/completions"
-
-
-class PromptCounter(Protocol):
-    """What counting needs (gateway/request/limits.py ``TokenCounter`` or ``ByteCounter``).
-
-    With ``limit`` a count is exact up to ``limit`` and some number above it past it (the
-    counter may stop early: bounded work whatever the prompt's length)."""
-
-    def count_text(self, text: str, *, limit: int | None = None) -> int: ...
-
-    def count_chat(
-        self, messages: Sequence[Mapping[str, Any]], *, limit: int | None = None
-    ) -> int: ...
-
-
-class ByteCounter:
-    """Without a tokenizer: UTF-8 bytes bound the tokens of a byte-level BPE from above."""
-
-    def count_text(self, text: str, *, limit: int | None = None) -> int:
-        return len(text.encode("utf-8", "surrogatepass")) + 1
-
-    def count_chat(self, messages: Sequence[Mapping[str, Any]], *, limit: int | None = None) -> int:
-        total = 0
-        for message in messages:
-            texts = content_texts(message.get("content"))
-            total += sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) + 16
-            if limit is not None and total > limit:
-                break
-        return total
 
 
 @dataclass(frozen=True)
@@ -104,6 +75,7 @@ class Assessment:
     long_route: bool = False  # re-classed long because the prompt is over max_input_tokens
     cost: int = 1  # sequences to generate: prompts x max(n, best_of) (gateway/request/costs.py)
     p_precise: float | None = None  # the classifier model's probability, when it decided
+    counted: bool = True  # False: input_tokens is a bound that decided every limit (see assess)
 
 
 def plan_request(
@@ -127,14 +99,25 @@ def assess(
     counter: PromptCounter,
     *,
     context_limit: int | None = None,
+    tiers: Sequence[tuple[str, int]] | None = None,
 ) -> Assessment:
     """Steps 1-3: count the prompt, classify it, apply the gateway-wide prompt limit.
 
     ``context_limit``: the longest context of any tier (``max_model_len``); a prompt of that
     many tokens fits nowhere, so it is counted only that far and refused (400).
+    ``tiers``: every tier's name and ``max_model_len``; given, a prompt whose bound decides
+    every limit on all of them (gateway/request/prompt_bound.py) is not tokenized here: the
+    assessment carries the bound (``counted`` False) and the caller counts it later.
     """
     cost = request_cost(body, path, policy.limits)
     limit = context_limit - 1 if context_limit is not None else None
+    bound = bound_prompt(body, path, counter) if tiers is not None else None
+    if bound is not None and tiers is not None:  # the prompt is well formed: the bound says so
+        field, max_tokens = requested_max_tokens(body, path)
+        if bound_decides(bound, max_tokens, tiers, policy.limits, rules.long_min_tokens):
+            found = classify_request(body, bound, rules)
+            return Assessment(found.cls, found.reason, bound, field, max_tokens, cost=cost,
+                              p_precise=found.p_precise, counted=False)  # fmt: skip
     input_tokens = count_prompt(body, path, counter, limit)
     if limit is not None and input_tokens > limit:
         # Past every tier's context, and past the gateway's own limit when it rejects: say the
@@ -225,49 +208,6 @@ def route_headers(cls: str | None, tier: str | None, reason: str | None) -> dict
     """The ``x-route-*`` headers of an answer (missing parts are left out)."""
     headers = {"x-route-class": cls, "x-route-tier": tier, "x-route-reason": reason}
     return {key: _header(value) for key, value in headers.items() if value}
-
-
-def count_prompt(
-    body: Mapping[str, Any], path: str, counter: PromptCounter, limit: int | None = None
-) -> int:
-    """Prompt tokens of a chat or completions body (the longest prompt of a list; a chat's
-    ``tools`` counted as their JSON); 400 for a malformed prompt. With ``limit``: exact up to
-    it, some number above it past it."""
-    if path == CHAT:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _invalid("'messages' must be a non-empty array of messages", "messages")
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise _invalid(f"messages[{i}] must be an object with a string 'role'", "messages")
-            if not isinstance(message.get("content"), str | list | None):
-                what = "a string, an array of content parts or null"
-                raise _invalid(f"messages[{i}].content must be {what}", "messages")
-        tokens = counter.count_chat(messages, limit=limit)
-        tools = body.get("tools")
-        if isinstance(tools, list) and tools and (limit is None or tokens <= limit):
-            # The chat template writes the tools' schemas into the prompt, about as JSON.
-            text = json.dumps(tools, ensure_ascii=False, separators=(", ", ": "))
-            tokens += counter.count_text(text, limit=None if limit is None else limit - tokens)
-        return tokens
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return counter.count_text(prompt, limit=limit)
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(p, str) for p in prompt):
-            return max(counter.count_text(p, limit=limit) for p in prompt)
-        if all(_token_ids(p) for p in prompt):
-            return len(prompt)
-        if all(isinstance(p, list) and all(_token_ids(t) for t in p) for p in prompt):
-            return max(len(p) for p in prompt)
-    raise _invalid(
-        "'prompt' must be a string, an array of strings or an array of token ids", "prompt"
-    )
-
-
-def _token_ids(value: object) -> bool:
-    """A token id: an int, not a bool (Python's bools are ints)."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def requested_max_tokens(body: Mapping[str, Any], path: str) -> tuple[str, int | None]:

@@ -16,6 +16,7 @@ import json
 import logging
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import Any
 
 from opentelemetry import trace
@@ -29,6 +30,7 @@ from gateway.policy.schema import RoutingPolicy
 from gateway.request.endpoint_choice import Saturation, endpoint_id, session_key
 from gateway.request.exchange import Exchange, usage_tokens
 from gateway.request.plan import assess, plan_route, route_headers
+from gateway.request.prompt_count import count_prompt
 from gateway.request.relay import (
     NO_SERVER,
     UpstreamStreamingResponse,
@@ -218,15 +220,15 @@ async def _completion(
     """The answer, and the job to offer to shadow sampling when a tier answered 200."""
     config = runtime.config
     active = runtime.policies.active
-    # Classifying and planning are microseconds of pure computation: their results are the
-    # request span's attributes (set when the exchange finishes), not spans of their own.
-    longest = max(tier.max_model_len for tier in config.tiers)
-    found = assess(body, path, active.policy, active.rules, runtime.counter, context_limit=longest)
-    exchange.cls, exchange.reason, exchange.input_tokens = (
-        found.cls,
-        found.reason,
-        found.input_tokens,
-    )
+    # Classifying and planning are pure computation: span attributes, not spans of their own.
+    contexts = [(tier.name, tier.max_model_len) for tier in config.tiers]
+    longest = max(length for _, length in contexts)
+    found = assess(body, path, active.policy, active.rules, runtime.counter,
+                   context_limit=longest, tiers=contexts)  # fmt: skip
+    exchange.cls, exchange.reason = found.cls, found.reason
+    exchange.input_tokens = found.input_tokens
+    if not found.counted:  # planned on a bound: the exact count once the answer is out
+        exchange.count_input = partial(count_prompt, body, path, runtime.counter, longest - 1)
     exchange.p_precise = found.p_precise
     # The rate limit took one unit at the door (gateway/auth.py): the rest of what it costs.
     charge = getattr(request.state, "rate_charge", None)
@@ -288,7 +290,8 @@ async def _completion(
             return stream, shadow
         raw = await runtime.upstream.read(tier, response)
         prompt_tokens, exchange.output_tokens = usage_tokens(raw)
-        exchange.input_tokens = prompt_tokens or exchange.input_tokens
+        if prompt_tokens:  # the tier's own count: nothing left to count
+            exchange.input_tokens, exchange.count_input = prompt_tokens, None
         exchange.set_outcome(response.status_code)
         answer = whole_response(tier, response, raw, answer_headers, full, exchange)
         if response.status_code == 200:

@@ -31,7 +31,7 @@ from gateway.control.shadow import (
 )
 from gateway.policy.schema import PolicyError, ShadowPolicy, parse_policy
 from gateway.request.limits import TokenCounter
-from gateway.request.plan import ByteCounter
+from gateway.request.prompt_count import ByteCounter
 from tests.integration.conftest import wait_until
 from tests.unit.gateway.conftest import MODEL, StubTier
 

@@ -242,3 +242,29 @@ def test_a_server_span_handed_over_is_annotated_and_left_to_its_owner() -> None:
     assert attributes["http.response.status_code"] == 200
     assert attributes["gateway.response.status_code"] == 502
     assert request.status.status_code.name == "ERROR"
+
+
+def test_a_prompt_planned_on_its_bound_is_counted_exactly_when_the_exchange_finishes() -> None:
+    """The plan took a bound for the prompt (gateway/request/prompt_bound.py): the span and the
+    metrics get the exact count, taken once, after the answer."""
+    exchange, _, exporter, metrics = _exchange()
+    counted: list[int] = []
+
+    def count() -> int:
+        counted.append(12)
+        return 12
+
+    async def main() -> None:
+        async with exchange:
+            exchange.cls, exchange.tier, exchange.input_tokens = "tolerant", "int4", 60  # a bound
+            exchange.count_input = count
+            assert counted == []  # not on the request's path
+            await exchange.stream_ended(200, 3)
+            await exchange.stream_ended(200, 3)  # finishing twice counts once
+
+    anyio.run(main)
+    assert counted == [12]
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes is not None and span.attributes["gen_ai.usage.input_tokens"] == 12
+    text = metrics.render(None)[0].decode()
+    assert 'gateway_tokens_total{class="tolerant",direction="input",tier="int4"} 12.0' in text

@@ -11,13 +11,12 @@ from gateway.policy.schema import RoutingPolicy, load_policy
 from gateway.request.classify import CompiledClasses
 from gateway.request.limits import TokenCounter
 from gateway.request.plan import (
-    ByteCounter,
     Plan,
     assess,
-    count_prompt,
     plan_request,
     route_headers,
 )
+from gateway.request.prompt_count import ByteCounter, count_prompt
 from gateway.request.router import TierStatus
 from model_optimizer.envs import ROOT
 from tests.unit.gateway.request.tier_statuses import tier_statuses
