@@ -15,7 +15,8 @@ machine sends that replica's shared state local for a while) is repaired at the 
 and nothing read back from Redis is ever written again (that brought back marks that had moved
 on). A replica's scrape applies what it read only if no mark was set on its board directly
 while the read was on its way (the leader's own marks, set at once, are never undone by an
-older read).
+older read; one that read Redis before a missed write was repaired is corrected by the next
+scrape after the renewal).
 """
 
 from __future__ import annotations
@@ -91,8 +92,12 @@ async def apply_shared_marks(board: TierBoard, records: SharedRecords) -> None:
     again)."""
     version = board.marks_version
     raw = await records.get(MARKS)
-    if board.marks_version != version:
-        return
+    if board.marks_version == version:
+        apply_marks(board, raw)
+
+
+def apply_marks(board: TierBoard, raw: str | None) -> None:
+    """Make the board's tier and endpoint marks be exactly those of the marks value ``raw``."""
     marks = parse_marks(raw)
     for name in board.tiers:
         board.set_state(name, marks.get(name))

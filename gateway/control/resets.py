@@ -24,10 +24,8 @@ While it works the lock and the marks are renewed; a leader that loses the lock 
 leader that finds an unfinished reset of an older token records it as ``abandoned`` (its marks
 have expired by then, so the tier is back in routing).
 
-Every value read back from shared state is validated: Redis is shared with other replicas and
-operators, so a marks value that is not an object, an unreadable record of the reset under way
-or a history entry that is not a reset record is dropped (logged), never an exception in the
-scrape loop or the coordinator.
+Every value read back from shared state (shared with other replicas and operators) is
+validated: what is not a mark or a reset record is dropped (logged), never an exception.
 """
 
 from __future__ import annotations
@@ -46,7 +44,12 @@ from backends.client import TierClient, TierClientError
 from backends.tier_state import TierState
 from gateway.control.phase_clock import PhaseClock
 from gateway.control.pool_resets import RollSettings, roll_pool
-from gateway.control.reset_marks import MARKS, MarksPublisher, endpoint_marks_value, json_object
+from gateway.control.reset_marks import (
+    MARKS,
+    MarksPublisher,
+    endpoint_marks_value,
+    json_object,
+)
 from gateway.control.reset_schedule import ResetDecision, TierResetState, choose_reset
 from gateway.control.ttft_drift import TtftDrift
 from gateway.runtime import Runtime
@@ -123,8 +126,8 @@ class ResetCoordinator:
         quiet_for = await self._track_quiet(
             policy.resets.quiet.max_rps if policy.resets.quiet else 0
         )
-        if self.lock.token() is not None:  # still leading: a lift Redis missed is written again
-            await self.marks.repair(policy.resets.lock_ttl_seconds)
+        if self.lock.token() is not None and not self.lock.cut_off:  # still leading through
+            await self.marks.repair(policy.resets.lock_ttl_seconds)  # Redis: a missed lift
         queued = await self._next_request()
         unfinished = await self.records.get(CURRENT)  # a leader may have died mid-reset
         if not policy.resets.enabled and queued is None and unfinished is None:
@@ -249,10 +252,8 @@ class ResetCoordinator:
         return outcome, detail
 
     async def _keep_leading(self, tier: str, token: int, stop: Callable[[], None]) -> None:
-        """Renew the lock and the marks every scrape interval (at most a third of the lease);
-        stop the reset when leadership is lost. The marks are this leader's latest, written
-        again (gateway/control/reset_marks.py): a write Redis missed is repaired within an
-        interval of Redis being back."""
+        """Every scrape interval (a third of the lease at most) renew the lock and write this
+        leader's latest marks again (reset_marks.py); stop the reset when leadership is lost."""
         ttl = self.runtime.policies.active.policy.resets.lock_ttl_seconds
         while True:
             await anyio.sleep(min(ttl / 3, self.runtime.config.metrics_interval))
@@ -260,8 +261,6 @@ class ResetCoordinator:
                 stop()
                 return
             await self.marks.renew(ttl)
-
-    # ------------------------------------------------------------------ shared marks
 
     async def _mark(self, tier: str, state: TierState | None, token: int) -> None:
         """Publish ``tier``'s state to every replica (``None``: back to normal)."""

@@ -25,6 +25,7 @@ otherwise counts the events that carry choices (one token each in vLLM).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -49,6 +50,8 @@ from gateway.telemetry import (
     ATTR_TIER,
     ATTR_TTFT,
 )
+
+logger = logging.getLogger(__name__)
 
 NONE = "none"
 REQUEST_SPAN = "gateway.request"
@@ -178,8 +181,13 @@ class Exchange:
             self.on_finish()
         try:
             duration = self.clock() - self.started
-            if self.count_input is not None:
-                self.input_tokens, self.count_input = self.count_input(), None
+            count, self.count_input = self.count_input, None
+            if count is not None:
+                try:
+                    self.input_tokens = count()
+                except Exception:  # the answer is out: record the request whatever this does
+                    logger.warning("counting a prompt after its answer failed", exc_info=True)
+                    self.input_tokens = None
             self.metrics.observe_request(
                 self.cls,
                 self.tier,

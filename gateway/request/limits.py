@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -44,9 +45,8 @@ from typing import Any, Literal
 from tokenizers import Tokenizer
 
 from gateway.policy.schema import LimitsPolicy
-from gateway.request.classify import content_texts
 from gateway.request.count_cache import CountCache
-from gateway.request.prompt_bound import byte_level, utf8_length
+from gateway.request.prompt_bound import byte_level, message_texts, utf8_length
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 INVALID_VALUE = "invalid_value"
@@ -134,7 +134,7 @@ class TokenCounter:
         for message in messages:
             role = message.get("role")
             total += chat.overhead(role if isinstance(role, str) else "")
-            for piece in _message_texts(message):
+            for piece in message_texts(message):
                 total += self._bounded(piece, limit) if piece else 0
                 if limit is not None and total > limit:
                     return total
@@ -142,10 +142,13 @@ class TokenCounter:
 
     def bound_text(self, text: str) -> int | None:
         """At least what ``count_text`` finds, without tokenizing (gateway/request/
-        prompt_bound.py); ``None`` when the tokenizer is not a byte-level BPE."""
+        prompt_bound.py); ``None`` when the tokenizer is not a byte-level BPE or the text is
+        not valid UTF-8 (a lone surrogate: the count refuses it)."""
         if not self._bytes_bound_tokens():
             return None
-        return utf8_length(text) + self._tokenizer.num_special_tokens_to_add(False)
+        with suppress(UnicodeEncodeError):
+            return utf8_length(text) + self._tokenizer.num_special_tokens_to_add(False)
+        return None
 
     def bound_chat(self, messages: Sequence[Mapping[str, Any]]) -> int | None:
         """At least what ``count_chat`` finds (default template), without tokenizing."""
@@ -155,11 +158,13 @@ class TokenCounter:
         total = chat.begin + chat.generation_prompt
         if not messages or messages[0].get("role") != "system":
             total += chat.default_system
-        for message in messages:
-            role = message.get("role")
-            total += chat.overhead(role if isinstance(role, str) else "")
-            total += sum(utf8_length(piece) for piece in _message_texts(message))
-        return total
+        with suppress(UnicodeEncodeError):
+            for message in messages:
+                role = message.get("role")
+                total += chat.overhead(role if isinstance(role, str) else "")
+                total += sum(utf8_length(piece) for piece in message_texts(message))
+            return total
+        return None
 
     def _bytes_bound_tokens(self) -> bool:
         if self._byte_level is None:
@@ -215,20 +220,6 @@ def _cut(text: str, start: int, end: int) -> int:
         return len(text)
     space = text.rfind(" ", (start + end) // 2, end)
     return space if space > start else end
-
-
-def _message_texts(message: Mapping[str, Any]) -> list[str]:
-    # Content parts are joined with newlines by vLLM; one token per join is close enough.
-    texts = content_texts(message.get("content"))
-    if len(texts) > 1:
-        texts = ["\n".join(texts)]
-    calls = message.get("tool_calls")
-    if isinstance(calls, list):
-        for call in calls:
-            function = call.get("function") if isinstance(call, Mapping) else None
-            if isinstance(function, Mapping):
-                texts += [v for k in ("name", "arguments") if isinstance(v := function.get(k), str)]
-    return texts
 
 
 def derive_chat_format(template: str | None, count: Any) -> ChatFormat:

@@ -18,11 +18,13 @@ the tier makes even that unnecessary). Otherwise it is counted exactly first, as
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tokenizers import Tokenizer
 
 from gateway.policy.schema import LimitsPolicy
+from gateway.request.classify import content_texts
 
 
 def byte_level(tokenizer: Tokenizer) -> bool:
@@ -32,14 +34,39 @@ def byte_level(tokenizer: Tokenizer) -> bool:
     normalizer = spec.get("normalizer")
     if normalizer and not (normalizer.get("type") == "Sequence" and not normalizer["normalizers"]):
         return False
+    if spec.get("padding") is not None:  # padded encodings are longer than their text
+        return False
     pre = spec.get("pre_tokenizer") or {}
     steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    levels = [s for s in steps if s.get("type") == "ByteLevel"]
     model = spec.get("model") or {}
-    return model.get("type") == "BPE" and any(s.get("type") == "ByteLevel" for s in steps)
+    # add_prefix_space writes a space no byte of the text stands for: one token more a piece
+    return (
+        model.get("type") == "BPE"
+        and bool(levels)
+        and not any(s.get("add_prefix_space") for s in levels)
+    )
+
+
+def message_texts(message: Mapping[str, Any]) -> list[str]:
+    """The texts of a chat message that are counted: its content (parts joined with newlines,
+    as vLLM joins them) and its tool calls' function names and arguments."""
+    texts = content_texts(message.get("content"))
+    if len(texts) > 1:
+        texts = ["\n".join(texts)]
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        for call in calls:
+            function = call.get("function") if isinstance(call, Mapping) else None
+            if isinstance(function, Mapping):
+                texts += [v for k in ("name", "arguments") if isinstance(v := function.get(k), str)]
+    return texts
 
 
 def utf8_length(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
+    """UTF-8 bytes of ``text``; ``UnicodeEncodeError`` for a lone surrogate (JSON allows one,
+    the tokenizer refuses it: such a prompt takes the exact count's path and its error)."""
+    return len(text.encode("utf-8"))
 
 
 def bound_decides(

@@ -358,6 +358,33 @@ def test_the_leaders_renewal_repairs_a_missed_mark_and_never_brings_back_an_old_
     assert marks == after
 
 
+def test_a_replica_cut_off_from_redis_never_repairs_its_marks_over_a_live_leaders(
+    three_stubs: list[str], tmp_path: Path
+) -> None:
+    """Its last lift stayed local; while it leads alone (its local lease), the marks in Redis
+    are another leader's: writing its own again would wipe them."""
+
+    async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
+        records = MissingRecords(coordinator.records, missed=1)
+        coordinator.marks = MarksPublisher(records)
+        await coordinator.marks.publish(None, ttl=30)  # missed: stale
+        lock = LeaderLock(f"redis://127.0.0.1:{free_port()}/0", "test:leader", ttl=30.0,
+                          op_timeout=0.2)  # fmt: skip
+        await lock.start()
+        await lock.acquire()  # leads alone
+        coordinator.lock = lock
+        live = json.dumps({"int4": "draining", "token": 7})
+        await records.put(MARKS, live, ttl=30)  # the live leader's mark (as this replica sees it)
+        await coordinator.tick()
+        cut_off = lock.cut_off
+        await lock.aclose()
+        return cut_off, await records.get(MARKS), live
+
+    (cut_off, marks, live), _ = _with_coordinator(three_stubs, _policy(tmp_path), scenario, [NOON])
+    assert cut_off
+    assert marks == live
+
+
 def test_a_replica_cut_off_from_redis_never_calls_a_live_leaders_reset_abandoned(
     three_stubs: list[str], tmp_path: Path
 ) -> None:

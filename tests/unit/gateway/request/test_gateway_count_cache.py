@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer
 
-from gateway.request.count_cache import CountCache
+from gateway.request.count_cache import ENTRY, CountCache
 from gateway.request.limits import TokenCounter
 from tests.unit.gateway.request.test_gateway_limits import CHATML, Recording, tokenizer
 
@@ -14,25 +14,33 @@ __all__ = ["tokenizer"]  # the module-scoped fixture, shared
 
 
 def test_the_least_recently_used_text_goes_first_and_the_characters_stay_bounded() -> None:
-    cache = CountCache(max_chars=160)
-    for text in ("a" * 10, "b" * 10, "c" * 10):  # 10 chars each: up to 160 // 16 kept
+    each = 10 + ENTRY  # what a 10-character text costs the budget
+    cache = CountCache(max_chars=16 * each)
+    for text in ("a" * 10, "b" * 10, "c" * 10):
         cache.put(text, False, len(text))
     assert cache.get("a" * 10, False) == 10  # a is now used more recently than c
-    for i in range(14):  # 140 more characters: 170, over 160: the least recent goes
+    for i in range(14):  # 17 entries: over the budget, the least recent goes
         cache.put(f"{i:02d}" * 5, False, 1)
-    assert cache.chars == 160
+    assert cache.chars == 16 * each and len(cache) == 16
     assert cache.get("b" * 10, False) is None
     cache.put("d" * 10, False, 10)  # the next goes: c, not a
     assert cache.get("c" * 10, False) is None
     assert cache.get("a" * 10, False) == 10
-    assert cache.get("d" * 10, False) == 10 and cache.chars == 160
+    assert cache.get("d" * 10, False) == 10 and cache.chars == 16 * each
 
 
 def test_a_text_over_a_sixteenth_of_the_budget_is_not_kept() -> None:
-    cache = CountCache(max_chars=160)
+    cache = CountCache(max_chars=16 * (10 + ENTRY))
     cache.put("x" * 11, False, 3)
     cache.put("y" * 10, False, 3)
     assert (cache.get("x" * 11, False), cache.get("y" * 10, False)) == (None, 3)
+
+
+def test_a_flood_of_short_texts_is_bounded_by_the_entries_too() -> None:
+    cache = CountCache(max_chars=100_000)
+    for i in range(10_000):
+        cache.put(str(i), False, 1)
+    assert len(cache) <= 100_000 // ENTRY and cache.chars <= 100_000
 
 
 def test_special_tokens_are_part_of_the_key() -> None:

@@ -268,3 +268,22 @@ def test_a_prompt_planned_on_its_bound_is_counted_exactly_when_the_exchange_fini
     assert span.attributes is not None and span.attributes["gen_ai.usage.input_tokens"] == 12
     text = metrics.render(None)[0].decode()
     assert 'gateway_tokens_total{class="tolerant",direction="input",tier="int4"} 12.0' in text
+
+
+def test_a_failing_late_count_leaves_the_request_recorded_without_its_tokens() -> None:
+    exchange, _, exporter, metrics = _exchange()
+
+    def count() -> int:
+        raise TypeError("TextInputSequence must be str")  # what the tokenizer says
+
+    async def main() -> None:
+        async with exchange:
+            exchange.cls, exchange.tier, exchange.input_tokens = "tolerant", "int4", 60
+            exchange.count_input = count
+            await exchange.stream_ended(200, 3)
+
+    anyio.run(main)
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes is not None and "gen_ai.usage.input_tokens" not in span.attributes
+    text = metrics.render(None)[0].decode()
+    assert 'gateway_requests_total{class="tolerant",status="200",tier="int4"} 1.0' in text

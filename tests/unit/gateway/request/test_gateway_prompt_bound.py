@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
+from gateway.errors import APIError
 from gateway.policy.schema import LimitsPolicy, load_policy
 from gateway.request.classify import CompiledClasses
 from gateway.request.limits import TokenCounter, check_limits, check_prompt
@@ -54,6 +55,32 @@ def test_the_shipped_tokenizer_is_byte_level_and_a_normalizing_one_is_not(
     assert not byte_level(normalizing)
     assert not byte_level(Tokenizer(models.WordPiece(unk_token="[UNK]")))
     assert TokenCounter(normalizing).bound_text("㎧") is None  # NFKC: 3 bytes, more tokens
+    prefixed = Tokenizer.from_str(counter.tokenizer.to_str())
+    prefixed.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    assert not byte_level(prefixed)  # a space no byte stands for: one token more a piece
+    padded = Tokenizer.from_str(counter.tokenizer.to_str())
+    padded.enable_padding(length=64)
+    assert not byte_level(padded)
+
+
+def test_a_lone_surrogate_has_no_bound_and_keeps_the_counts_error(counter: TokenCounter) -> None:
+    body = {"messages": [{"role": "user", "content": "hi \ud83d"}]}
+    assert bound_prompt(body, CHAT, counter) is None
+    assert bound_prompt({"prompt": "\ud83d"}, COMPLETIONS, counter) is None
+
+
+def test_a_bad_max_tokens_does_not_overtake_the_counts_error(counter: TokenCounter) -> None:
+    policy = load_policy(ROOT / "policies" / "routing.yaml")
+    rules = CompiledClasses.build(policy.classes)
+    contexts = [("fp16", 2048)]
+    body = {"messages": [{"role": "user", "content": "word " * 5000}], "max_tokens": "16"}
+    with pytest.raises(APIError) as caught:
+        assess(body, CHAT, policy, rules, counter, context_limit=2048, tiers=contexts)
+    assert caught.value.code == "context_length_exceeded"
+    short = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": "16"}
+    with pytest.raises(APIError) as caught:
+        assess(short, CHAT, policy, rules, counter, context_limit=2048, tiers=contexts)
+    assert caught.value.code == "invalid_type"
 
 
 def test_a_bound_is_never_below_the_count(counter: TokenCounter) -> None:
