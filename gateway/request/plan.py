@@ -111,10 +111,14 @@ def assess(
     """
     cost = request_cost(body, path, policy.limits)
     limit = context_limit - 1 if context_limit is not None else None
-    bound = bound_prompt(body, path, counter) if tiers is not None else None
-    if bound is not None and tiers is not None and _valid_max_tokens(body, path):
-        field, max_tokens = requested_max_tokens(body, path)  # (else: the count's errors first)
-        if bound_decides(bound, max_tokens, tiers, policy.limits, rules.long_min_tokens):
+    if tiers is not None and (bound := bound_prompt(body, path, counter)) is not None:
+        try:
+            field, max_tokens = requested_max_tokens(body, path)
+        except APIError:  # a bad max_tokens: the count's errors come first, as without a bound
+            bound = None
+        if bound is not None and bound_decides(
+            bound, max_tokens, tiers, policy.limits, rules.long_min_tokens
+        ):
             found = classify_request(body, bound, rules)
             return Assessment(found.cls, found.reason, bound, field, max_tokens, cost=cost,
                               p_precise=found.p_precise, counted=False)  # fmt: skip
@@ -208,14 +212,6 @@ def route_headers(cls: str | None, tier: str | None, reason: str | None) -> dict
     """The ``x-route-*`` headers of an answer (missing parts are left out)."""
     headers = {"x-route-class": cls, "x-route-tier": tier, "x-route-reason": reason}
     return {key: _header(value) for key, value in headers.items() if value}
-
-
-def _valid_max_tokens(body: Mapping[str, Any], path: str) -> bool:
-    try:
-        requested_max_tokens(body, path)
-    except APIError:
-        return False
-    return True
 
 
 def requested_max_tokens(body: Mapping[str, Any], path: str) -> tuple[str, int | None]:
