@@ -81,6 +81,20 @@ class GatewayMetrics:
             ["tier", "reason"],
             registry=reg,
         )
+        self.resumes = Counter(
+            "gateway_stream_resumes_total",
+            "Streamed answers continued on another tier after theirs failed mid-stream, by the "
+            "failed tier and the one that went on ('none': the answer's length was used up).",
+            ["from_tier", "to_tier"],
+            registry=reg,
+        )
+        self.escalations = Counter(
+            "gateway_stream_escalations_total",
+            "Streamed answers of a watched tier that degenerated and went on on the next tier, "
+            "by that tier, the next one, the class and what was seen (loop, scripts).",
+            ["from_tier", "to_tier", "class", "kind"],
+            registry=reg,
+        )
         self.in_flight = Gauge(
             "gateway_tier_in_flight", "Requests currently sent to the tier.", ["tier"], registry=reg
         )
@@ -182,6 +196,14 @@ class GatewayMetrics:
     def fallback(self, tier: str, reason: str) -> None:
         """Count ``tier`` being skipped for the next one in the chain."""
         self.fallbacks.labels(tier, reason).inc()
+
+    def resumed(self, failed: str, tier: str) -> None:
+        """Count a stream continued on ``tier`` after ``failed`` broke off mid-stream."""
+        self.resumes.labels(failed, tier).inc()
+
+    def escalated(self, failed: str, tier: str, cls: str, kind: str) -> None:
+        """Count a degenerate stream of ``failed`` continued on ``tier``."""
+        self.escalations.labels(failed, tier, cls, kind).inc()
 
     def set_tier(self, tier: str, in_flight: int, up: bool) -> None:
         """Publish a tier's current in-flight count and readiness."""

@@ -27,7 +27,7 @@ from model_optimizer import deploy as deploy_command
 from model_optimizer.models import AlreadyReported, ModelError
 from model_optimizer.optimize import run_check, run_optimize
 from model_optimizer.serving_check import admission_probes, check_tiers
-from model_optimizer.soak import render, soak
+from model_optimizer.soak import kill_tier, render, soak
 from model_optimizer.stack import DEFAULT_POLICY, DEFAULT_SPEC, StackLauncher, UpOptions, run_up
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
@@ -98,6 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     sk.add_argument("--minutes", type=float, default=10.0)
     sk.add_argument("--gateway-pid", type=int, default=None, help="for RSS at start and end")
     sk.add_argument("--reset-tier", default=None, help="reset this tier halfway (admin key)")
+    sk.add_argument("--kill-tier", default=None, help="SIGKILL this tier's server (admin key)")
+    sk.add_argument("--kill-every", type=float, default=60.0, help="seconds between kills")
     bench = sub.add_parser("bench", help="serving benchmark of a gateway or tier")
     bench_command.add_arguments(bench)
     eval_cli.add_parser(sub)  # `eval` and `eval routing FILE`
@@ -156,18 +158,26 @@ def _soak(args: argparse.Namespace) -> int:
         print("model-optimizer: error: --clients and --minutes must be positive", file=sys.stderr)
         return 2
     key = os.environ.get("MO_GATEWAY_ADMIN_KEYS", "").split(",")[0].strip() or None
-    if args.reset_tier and key is None:
-        print("model-optimizer: error: --reset-tier needs MO_GATEWAY_ADMIN_KEYS", file=sys.stderr)
+    if (args.reset_tier or args.kill_tier) and key is None:
+        which = "--reset-tier" if args.reset_tier else "--kill-tier"
+        print(f"model-optimizer: error: {which} needs MO_GATEWAY_ADMIN_KEYS", file=sys.stderr)
         return 2
+    if args.kill_every <= 0:
+        print("model-optimizer: error: --kill-every must be positive", file=sys.stderr)
+        return 2
+    url = args.gateway.rstrip("/")
+    kill = kill_tier(url, args.kill_tier, key or "") if args.kill_tier else None
     try:
         result = soak(
-            args.gateway.rstrip("/"),
+            url,
             args.model,
             clients=args.clients,
             seconds=args.minutes * 60,
             gateway_pid=args.gateway_pid,
             reset_tier=args.reset_tier,
             admin_key=key,
+            kill_every=args.kill_every,
+            kill=kill,
             say=lambda text: print(f"soak: {text}", file=sys.stderr, flush=True),
         )
     except ValueError as exc:

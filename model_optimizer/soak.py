@@ -1,10 +1,13 @@
 """``model-optimizer soak``: steady load through a gateway, bounded in time and count.
 
-``clients`` threads send short chat requests (chit-chat and code, so several tiers serve)
-through the gateway for ``seconds``; halfway through, a KV-pool reset of ``reset_tier`` is
-asked for through ``/admin/resets`` (with an admin key). The result counts requests sent and
-lost (anything but 200) and the gateway process's RSS at the start and the end. Loopback URLs
-only; every loop stops by itself (time and a per-client cap).
+``clients`` threads send short chat requests (chit-chat and code, so several tiers serve;
+every other one streamed, long enough for a fault to land in the middle of it) through the
+gateway for ``seconds``; halfway through, a KV-pool reset of ``reset_tier`` is asked for
+through ``/admin/resets`` (with an admin key); every ``kill_every`` seconds ``kill`` is called
+(it SIGKILLs a tier's server: ``kill_tier`` finds it by its port). The result counts requests
+sent and lost (anything but 200; a stream counts 200 only when it ends with ``[DONE]`` and no
+error event: ``STREAM_BROKEN`` otherwise) and the gateway process's RSS at the start and the
+end. Loopback URLs only; every loop stops by itself (time and a per-client cap).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import psutil
 
 PROMPTS = ("Hi! How are you today?", "Write a Python function that adds two numbers.")
 PER_CLIENT_CAP = 100_000
+WHOLE_TOKENS, STREAM_TOKENS = 4, 48  # the answer lengths of whole and streamed requests
+STREAM_BROKEN = 599  # a stream that ended with an error event or without [DONE]
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,7 @@ class SoakResult:
     rss_end_mb: float
     reset_outcome: str | None  # the reset's recorded outcome (None: no reset asked)
     seconds: float
+    kills: tuple[str, ...] = ()  # what each kill hit, in order
 
 
 def soak(
@@ -41,6 +47,8 @@ def soak(
     gateway_pid: int | None = None,
     reset_tier: str | None = None,
     admin_key: str | None = None,
+    kill_every: float | None = None,
+    kill: Callable[[], str] | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> SoakResult:
     """Run the load (see the module docstring) and return what was measured."""
@@ -54,6 +62,12 @@ def soak(
         threading.Thread(target=_client, args=(url, model, i, stop, statuses), daemon=True)
         for i in range(clients)
     ]
+    kills: list[str] = []
+    if kill_every is not None and kill is not None:
+        killer = threading.Thread(
+            target=_kill_loop, args=(kill, kill_every, stop, kills, say), daemon=True
+        )
+        workers.append(killer)
     for worker in workers:
         worker.start()
     outcome = None
@@ -83,6 +97,7 @@ def soak(
         rss_end_mb=_rss_mb(gateway_pid),
         reset_outcome=outcome,
         seconds=time.monotonic() - started,
+        kills=tuple(kills),
     )
 
 
@@ -91,15 +106,73 @@ def _client(url: str, model: str, index: int, stop: threading.Event, out: list[i
         for i in range(PER_CLIENT_CAP):
             if stop.is_set():
                 return
+            kind = (index + i) % 4  # both prompts, whole and streamed
             body = {
                 "model": model,
-                "messages": [{"role": "user", "content": PROMPTS[(index + i) % 2]}],
-                "max_tokens": 4,
+                "messages": [{"role": "user", "content": PROMPTS[kind % 2]}],
+                "max_tokens": WHOLE_TOKENS if kind < 2 else STREAM_TOKENS,
             }
             try:
-                out.append(client.post(f"{url}/v1/chat/completions", json=body).status_code)
+                if kind < 2:
+                    out.append(client.post(f"{url}/v1/chat/completions", json=body).status_code)
+                else:
+                    out.append(_streamed(client, f"{url}/v1/chat/completions", body))
             except httpx.HTTPError:
                 out.append(-1)
+
+
+def _streamed(client: httpx.Client, url: str, body: dict[str, object]) -> int:
+    """A streamed request's outcome: its status, or ``STREAM_BROKEN`` for a 200 whose events
+    hold an error or do not end with ``[DONE]``."""
+    with client.stream("POST", url, json={**body, "stream": True}) as answer:
+        events = [line for line in answer.iter_lines() if line.startswith("data: ")]
+    if answer.status_code != 200:
+        return answer.status_code
+    broken = not events or events[-1] != "data: [DONE]" or any('"error"' in e for e in events)
+    return STREAM_BROKEN if broken else 200
+
+
+def _kill_loop(
+    kill: Callable[[], str],
+    every: float,
+    stop: threading.Event,
+    kills: list[str],
+    say: Callable[[str], None],
+) -> None:
+    next_kill = time.monotonic() + every
+    while True:
+        _sleep_until(next_kill, stop)
+        if stop.is_set():
+            return
+        try:
+            kills.append(kill())
+            say(f"killed {kills[-1]}")
+        except (OSError, psutil.Error, LookupError) as exc:
+            kills.append(f"failed: {exc}")
+            say(f"could not kill: {exc}")
+        next_kill += every
+
+
+def kill_tier(url: str, tier: str, key: str) -> Callable[[], str]:
+    """A ``kill`` for ``soak``: SIGKILL the process listening on ``tier``'s first endpoint's
+    port (read from the gateway's ``/admin/tiers``; a loopback tier on this machine)."""
+
+    def kill() -> str:
+        headers = {"Authorization": f"Bearer {key}"}
+        described = httpx.get(f"{url}/admin/tiers", headers=headers, timeout=10).json()
+        tier_url = str(described["tiers"][tier]["base_url"])
+        port = httpx.URL(tier_url).port
+        if not tier_url.startswith(("http://127.", "http://localhost")) or port is None:
+            raise LookupError(f"tier {tier} is not a loopback server ({tier_url})")
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                if conn.pid is None:
+                    raise LookupError(f"cannot see which process listens on port {port}")
+                psutil.Process(conn.pid).kill()
+                return f"{tier} (pid {conn.pid})"
+        raise LookupError(f"nothing listens on port {port} (tier {tier} is down)")
+
+    return kill
 
 
 class ResetNotDone(RuntimeError):
@@ -143,9 +216,11 @@ def render(result: SoakResult) -> str:
     statuses = ", ".join(f"{status}: {n}" for status, n in sorted(result.statuses.items()))
     return "\n".join(
         [
-            "| seconds | requests sent | lost | statuses | gateway RSS start MB | end MB | reset |",
-            "|---|---|---|---|---|---|---|",
+            "| seconds | requests sent | lost | statuses | gateway RSS start MB | end MB | reset "
+            "| kills |",
+            "|---|---|---|---|---|---|---|---|",
             f"| {result.seconds:.0f} | {result.sent} | {result.lost} | {statuses} | "
-            f"{result.rss_start_mb:.1f} | {result.rss_end_mb:.1f} | {result.reset_outcome} |",
+            f"{result.rss_start_mb:.1f} | {result.rss_end_mb:.1f} | {result.reset_outcome} | "
+            f"{', '.join(result.kills) or 'none'} |",
         ]
     )

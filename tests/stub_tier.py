@@ -42,6 +42,10 @@ class StubTier:
         self.metrics_text: str | None = None  # served at /metrics when set (else 404)
         self.answer_text = "The capital of France is Paris."  # chat answers
         self.completion_text = " Paris."  # completions answers
+        self.answer_id = "cmpl-stub"  # the id and creation time of its answers
+        self.created = 1
+        self.role_chunk = False  # a chat stream opens with a role-only delta, as vLLM's does
+        self.stream_texts: list[str] | None = None  # a stream's chunks' texts (else w0, w1, ...)
         self.requests: list[dict[str, Any]] = []
         self.stream_started = threading.Event()
         self.stream_finished = threading.Event()
@@ -86,7 +90,8 @@ class StubTier:
                 self.request_aborted.set()
             return JSONResponse({"error": {"message": "too late"}}, status_code=500)
         if body.get("stream"):
-            return StreamingResponse(self._stream(chat), media_type="text/event-stream")
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(self._stream(chat, usage), media_type="text/event-stream")
         await asyncio.sleep(self.whole_delay)
         return JSONResponse(self._whole(chat))
 
@@ -111,20 +116,33 @@ class StubTier:
 
     def _chunk(self, chat: bool, index: int, last: bool) -> bytes:
         finish = "stop" if last else None
+        texts = self.stream_texts
+        word = "" if last else (f"w{index} " if texts is None else texts[index])
         if chat:
-            delta = {} if last else {"content": f"w{index} "}
+            delta = {} if last else {"content": word}
             choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
             kind = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": "" if last else f"w{index} ", "finish_reason": finish}
+            choice = {"index": 0, "text": "" if last else word, "finish_reason": finish}
             kind = "text_completion"
-        chunk = {"id": "cmpl-stub", "object": kind, "created": 1, "model": self.model}
+        chunk = {"id": self.answer_id, "object": kind, "created": self.created, "model": self.model}
         return f"data: {json.dumps({**chunk, 'choices': [choice]})}\n\n".encode()
 
-    async def _stream(self, chat: bool) -> AsyncIterator[bytes]:
+    def _role_chunk(self) -> bytes:
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+        chunk = {"id": self.answer_id, "object": "chat.completion.chunk", "created": self.created}
+        return (
+            f"data: {json.dumps({**chunk, 'model': self.model, 'choices': [choice]})}\n\n".encode()
+        )
+
+    async def _stream(self, chat: bool, usage: bool = False) -> AsyncIterator[bytes]:
         self.stream_started.set()
         count = 400 if self.mode == "slow" else self.chunks
+        if self.stream_texts is not None:
+            count = len(self.stream_texts)
         try:
+            if chat and self.role_chunk:
+                yield self._role_chunk()
             for index in range(count):
                 if self.mode == "slow":
                     await asyncio.sleep(0.05)
@@ -132,6 +150,15 @@ class StubTier:
                     raise StubDied("stub tier dropped the connection")
                 yield self._chunk(chat, index, last=False)
             yield self._chunk(chat, count, last=True)
+            if usage:  # as vLLM sends it when asked: no choices, the counts
+                tokens = {"prompt_tokens": 5, "completion_tokens": count, "total_tokens": 5 + count}
+                event = {
+                    "id": self.answer_id,
+                    "created": self.created,
+                    "choices": [],
+                    "usage": tokens,
+                }
+                yield f"data: {json.dumps(event)}\n\n".encode()
             yield b"data: [DONE]\n\n"
             self.stream_finished.set()
         except (GeneratorExit, asyncio.CancelledError):

@@ -28,6 +28,8 @@ Sections:
   when ``enabled`` (an operator's forced reset needs neither).
 - ``shadow``: the share of answers from cheaper tiers compared off the response path with the
   reference tier's (gateway/shadow.py); its tiers are checked only when ``fraction`` > 0.
+- ``escalation`` (gateway/policy/escalation.py): which tiers' streamed answers are watched for
+  loops and script garbage, and continued on the next tier when one degenerates.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from gateway.policy.classes import Pattern as Pattern
 from gateway.policy.classes import TaskRule as TaskRule
 from gateway.policy.classes import WindowRule as WindowRule
 from gateway.policy.classes import check_name as _check_name
+from gateway.policy.escalation import EscalationPolicy, escalation_problems
 
 ClassName = Literal["tolerant", "code", "math", "long"]
 CLASS_NAMES: tuple[ClassName, ...] = ("tolerant", "code", "math", "long")
@@ -327,6 +330,7 @@ class RoutingPolicy(Section):
     errors: ErrorsPolicy = Field(default_factory=ErrorsPolicy)
     resets: ResetsPolicy = Field(default_factory=ResetsPolicy)
     shadow: ShadowPolicy = Field(default_factory=ShadowPolicy)
+    escalation: EscalationPolicy = Field(default_factory=EscalationPolicy)
 
     @field_validator("tiers")
     @classmethod
@@ -385,6 +389,7 @@ def _problems(policy: RoutingPolicy) -> Iterator[tuple[Loc, str]]:
             yield loc, f"unknown tier {name} (tiers: {declared})"
     yield from _reset_problems(policy.resets)
     yield from _shadow_problems(policy.shadow, policy.tiers)
+    yield from escalation_problems(policy.escalation, policy.tiers)
 
 
 def _shadow_problems(shadow: ShadowPolicy, tiers: Sequence[str]) -> Iterator[tuple[Loc, str]]:

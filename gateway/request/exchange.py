@@ -143,6 +143,23 @@ class Exchange:
         self.fallbacks += 1
         self.metrics.fallback(tier, reason)
 
+    def resumed(self, failed: str, tier: str, generated: int, error: str) -> None:
+        """The stream went on on ``tier`` after ``failed`` broke off (gateway/request/resume.py)."""
+        self.metrics.resumed(failed, tier)
+        self.span.add_event(
+            "gateway.stream.resumed",
+            {"from_tier": failed, "to_tier": tier, "tokens_before": generated, "error": error},
+        )
+
+    def escalated(self, failed: str, tier: str, kind: str, detail: str, generated: int) -> None:
+        """The stream went on on ``tier`` after ``failed``'s answer degenerated."""
+        self.metrics.escalated(failed, tier, self.cls, kind)
+        self.span.add_event(
+            "gateway.stream.escalated",
+            {"from_tier": failed, "to_tier": tier, "kind": kind, "detail": detail,
+             "tokens_before": generated},
+        )  # fmt: skip
+
     def first_byte(self) -> None:
         if self.ttft is None:
             self.ttft = self.clock() - self.started

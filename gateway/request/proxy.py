@@ -10,23 +10,29 @@ server span (gateway/request/exchange.py), with an ``upstream`` child. Every ans
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import Any
 
 from opentelemetry import trace
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from backends.tier_state import TierState
 from gateway.control.shadow import ShadowJob
 from gateway.errors import DETAIL, FULL_DETAIL, SERVER_ERROR, APIError, full_detail
 from gateway.policy.schema import RoutingPolicy
+from gateway.request.body import (
+    MAX_JSON_DEPTH,
+    check_model,
+    nested_deeper_than,
+    parse_json_object,
+    read_body,
+    wants_stream,
+)
 from gateway.request.endpoint_choice import Saturation, endpoint_id, session_key
 from gateway.request.exchange import Exchange, usage_tokens
 from gateway.request.plan import assess, plan_route, route_headers
@@ -38,135 +44,24 @@ from gateway.request.relay import (
     unless_client_leaves,
     whole_response,
 )
+from gateway.request.resume import stream_resumer
 from gateway.request.upstream import aclose_quietly
 from gateway.runtime import Runtime, get_runtime
 from gateway.telemetry import inject_trace_headers
 
 logger = logging.getLogger(__name__)
 
-TIER_HEADER = "x-route-tier"
-ENDPOINT_HEADER = "x-route-endpoint"  # which endpoint of the tier's pool answered
-ATTR_ENDPOINT = "gateway.route.endpoint"
-CLOSE = {"Connection": "close"}  # on an answer sent before the whole body was read
-# Objects and arrays in a request body, nested; OpenAI bodies (tool and response schemas
-# included) stay far below it, and it keeps every later encoder and walker off the recursion
-# limit (json.dumps of the body to a tier, for one).
-MAX_JSON_DEPTH = 64
-_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 __all__ = [
     "MAX_JSON_DEPTH",
     "UpstreamStreamingResponse",
     "check_model",
+    "nested_deeper_than",
     "parse_json_object",
     "wants_stream",
 ]
-
-
-async def read_body(request: Request, max_bytes: int, timeout: float = float("inf")) -> bytes:
-    """The request body, or 413 as soon as it is known to exceed ``max_bytes``, or 408 when it
-    has not all arrived within ``timeout`` seconds (both close the connection: the rest of the
-    body is never read)."""
-    try:
-        async with asyncio.timeout(None if timeout == float("inf") else timeout):
-            return await _read_body(request, max_bytes)
-    except TimeoutError:
-        raise APIError(
-            408,
-            f"request body not received within {timeout:g} s",
-            code="request_timeout",
-            headers=CLOSE,
-        ) from None
-
-
-async def _read_body(request: Request, max_bytes: int) -> bytes:
-    too_large = APIError(
-        413, f"request body exceeds {max_bytes} bytes", code="request_too_large", headers=CLOSE
-    )
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
-        raise too_large
-    body = bytearray()
-    try:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > max_bytes:
-                raise too_large
-    except ClientDisconnect as exc:
-        raise APIError(400, "client disconnected while sending the request body") from exc
-    return bytes(body)
-
-
-def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """Decode a JSON object body nested at most ``MAX_JSON_DEPTH`` levels; anything else is a
-    one-line 400 (a body of ``[`` too: refused before the decoder, which recurses, sees it)."""
-    too_deep = APIError(
-        400,
-        f"request body is nested too deeply (objects and arrays more than {MAX_JSON_DEPTH} levels)",
-    )
-    if nested_deeper_than(raw, MAX_JSON_DEPTH):
-        raise too_deep
-    try:
-        body = json.loads(raw)
-    except RecursionError as exc:
-        raise too_deep from exc
-    except json.JSONDecodeError as exc:
-        raise APIError(
-            400,
-            f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-        ) from exc
-    except ValueError as exc:  # e.g. bytes that are not UTF-8/16/32
-        raise APIError(400, f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise APIError(400, f"request body must be a JSON object, got {type(body).__name__}")
-    return body
-
-
-def nested_deeper_than(raw: bytes, limit: int) -> bool:
-    """Whether the JSON text ``raw`` nests objects and arrays more than ``limit`` levels (or
-    has brackets that never pair up, which the decoder then refuses anyway).
-
-    Byte operations only (no recursion, no Python loop per byte): string contents are dropped
-    (escapes first, then everything between two quotes), the brackets kept, and innermost
-    ``[]``/``{}`` pairs removed ``limit`` times; anything left is deeper than ``limit``.
-    """
-    if raw.count(b"[") + raw.count(b"{") <= limit:
-        return False
-    bare = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
-    brackets = b"".join(bare.split(b'"')[::2]).translate(None, _NOT_BRACKETS)
-    for _ in range(limit):
-        paired = brackets.replace(b"[]", b"").replace(b"{}", b"")
-        if len(paired) == len(brackets):
-            break
-        brackets = paired
-    return bool(brackets)
-
-
-def check_model(body: dict[str, Any], model_name: str) -> dict[str, Any]:
-    """Require ``model`` to be the served model (missing means it); returns the body to send."""
-    model = body.get("model")
-    if model is None:
-        return {**body, "model": model_name}
-    if not isinstance(model, str):
-        raise APIError(400, "'model' must be a string", param="model", code="invalid_type")
-    if model != model_name:
-        raise APIError(
-            404,
-            f"The model '{_one_line(model)}' does not exist; this gateway serves '{model_name}'",
-            param="model",
-            code="model_not_found",
-        )
-    return body
-
-
-def _one_line(text: str, limit: int = 100) -> str:
-    """``text`` for an error message: escaped (no newline) and bounded."""
-    shown = json.dumps(text, ensure_ascii=False)[1:-1]
-    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
-
-
-def wants_stream(body: Mapping[str, Any]) -> bool:
-    """True when the client asked for server-sent events."""
-    return body.get("stream") is True
+TIER_HEADER = "x-route-tier"
+ENDPOINT_HEADER = "x-route-endpoint"  # which endpoint of the tier's pool answered
+ATTR_ENDPOINT = "gateway.route.endpoint"
 
 
 def note_detail(request: Request, runtime: Runtime) -> bool:
@@ -284,8 +179,12 @@ async def _completion(
         if wants_stream(body) and response.status_code == 200:
             # From here on the streaming response owns the upstream and finishes the exchange;
             # its shadow job (no answer) is counted as dropped (streaming) when drawn.
+            resumer = stream_resumer(
+                runtime.upstream, tiers, plan, body, path, headers, exchange, runtime.counter,
+                config.model_name, first_byte, active.policy.escalation,
+            )  # fmt: skip
             stream = UpstreamStreamingResponse(
-                runtime.upstream, tier, response, answer_headers, exchange, full
+                runtime.upstream, tier, response, answer_headers, exchange, full, resumer
             )
             return stream, shadow
         raw = await runtime.upstream.read(tier, response)

@@ -17,7 +17,7 @@ import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import aclosing, nullcontext
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import httpx
@@ -27,8 +27,13 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.config import TierEndpoint
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError, error_body, sse_error_event
+from gateway.request.continuation import complete_events
 from gateway.request.exchange import Exchange, SSECounter
+from gateway.request.stream_watch import Degenerated
 from gateway.request.upstream import Upstream, UpstreamLost, UpstreamUnavailable, aclose_quietly
+
+if TYPE_CHECKING:
+    from gateway.request.resume import Resumer
 
 logger = logging.getLogger(__name__)
 
@@ -178,29 +183,76 @@ async def relay_sse(
     counter: SSECounter | None = None,
     on_first_byte: Callable[[], None] | None = None,
     full: bool = True,
+    resumer: Resumer | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """Yield upstream bytes as they arrive; a failure mid-stream ends with an SSE error event."""
+    """Yield upstream bytes as they arrive; a failure mid-stream is continued on another tier
+    by ``resumer`` when it can be (gateway/request/resume.py), else ends with an SSE error
+    event. With a ``resumer``, only complete events are forwarded (a tier failing mid-event
+    leaves the client nothing it cannot read) and the forwarded events are kept."""
+    sent: list[bytes] | None = None if resumer is None else []
+    rewrite: Callable[[bytes], bytes] | None = None
     tail = b"\n\n"
-    try:
-        async with aclosing(upstream.iter_raw(tier, response)) as chunks:
-            async for chunk in chunks:
-                if chunk:
-                    if on_first_byte is not None and tail == b"\n\n":
+    preface = b""  # what goes before a continuation's events (the SSE comment saying so)
+    while True:
+        pending = b""
+        # A watched tier's text is checked and held back before it is sent (stream_watch.py).
+        watch = resumer.watch if resumer is not None and resumer.watches(tier) else None
+        try:
+            if preface:  # in the try: a client leaving here still closes the new response
+                yield preface
+            async with aclosing(upstream.iter_raw(tier, response)) as chunks:
+                async for chunk in chunks:
+                    if not chunk:
+                        continue
+                    if on_first_byte is not None:
                         on_first_byte()
                         on_first_byte = None
+                    if sent is not None:
+                        chunk, pending = complete_events(pending + chunk)
+                        if rewrite is not None:
+                            chunk = rewrite(chunk)
+                        if watch is not None:
+                            chunk = watch.feed(chunk)
+                        if chunk:
+                            sent.append(chunk)
+                        if watch is not None and watch.verdict is not None:
+                            if chunk:
+                                yield chunk
+                            raise Degenerated(tier.name, watch.verdict)
+                        if not chunk:
+                            continue
                     if counter is not None:
                         counter.feed(chunk)
                     tail = (tail + chunk)[-2:]
                     yield chunk
-        if counter is not None:
-            counter.completed = True
-    except APIError as exc:
-        if counter is not None:
-            counter.failure = exc.status
-        separator = b"" if tail == b"\n\n" else b"\n\n"
-        yield separator + sse_error_event(exc, full)
-    finally:
-        await aclose_quietly(response)
+            if watch is not None and (held := watch.flush()):
+                yield held
+            if pending and rewrite is None:
+                yield pending  # what followed the last event boundary, as the tier sent it
+            if counter is not None:
+                counter.completed = True
+            return
+        except APIError as exc:
+            going_on = None
+            if resumer is not None and sent is not None:
+                if resumer.watch is not None:
+                    resumer.watch.resume()
+                going_on = await resumer.resume(tier, sent, exc)
+            if going_on is None:
+                if counter is not None:
+                    counter.failure = exc.status
+                separator = b"" if tail == b"\n\n" else b"\n\n"
+                yield separator + sse_error_event(exc, full)
+                return
+        finally:
+            await aclose_quietly(response)
+        if going_on.tier is None or going_on.response is None:
+            if counter is not None:
+                counter.completed = True
+            yield going_on.closing
+            return
+        tier, response, rewrite = going_on.tier, going_on.response, going_on.rewrite
+        preface = going_on.closing
 
 
 class UpstreamStreamingResponse(StreamingResponse):
@@ -214,8 +266,10 @@ class UpstreamStreamingResponse(StreamingResponse):
         headers: Mapping[str, str] | None = None,
         exchange: Exchange | None = None,
         full: bool = True,
+        resumer: Resumer | None = None,
     ) -> None:
-        """``full``: a failure mid-stream tells the client everything (see gateway/errors.py)."""
+        """``full``: a failure mid-stream tells the client everything (see gateway/errors.py);
+        ``resumer``: continues the answer on another tier when its own fails mid-stream."""
         self._upstream_response = response
         self._exchange = exchange
         self._counter = SSECounter()
@@ -223,7 +277,7 @@ class UpstreamStreamingResponse(StreamingResponse):
         if exchange is not None:
             exchange.hand_to_stream()
             first_byte = exchange.first_byte
-        self._chunks = relay_sse(upstream, tier, response, self._counter, first_byte, full)
+        self._chunks = relay_sse(upstream, tier, response, self._counter, first_byte, full, resumer)
         super().__init__(
             self._chunks,
             status_code=response.status_code,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import threading
@@ -39,22 +40,43 @@ def _ask(url: str, max_tokens: int = 2) -> int:
 
 
 @pytest.mark.slow
-def test_a_tier_killed_mid_stream_ends_the_stream_cleanly_and_comes_back(stack: Stack) -> None:
-    body = {"model": MODEL, "messages": CHAT, "max_tokens": 400, "ignore_eos": True}
-    events: list[str] = []
+def test_a_tier_killed_mid_stream_is_continued_on_the_next_and_comes_back(stack: Stack) -> None:
+    """The client's answer goes on on the next tier of its chain from where it stopped: one
+    stream, no error event, the whole length asked for (gateway/request/resume.py)."""
+    body = {
+        "model": MODEL,
+        "messages": CHAT,
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    lines: list[str] = []
     with (
-        httpx.Client(timeout=60) as client,
-        client.stream(
-            "POST", f"{stack.gateway_url}/v1/chat/completions", json={**body, "stream": True}
-        ) as answer,
+        httpx.Client(timeout=120) as client,
+        client.stream("POST", f"{stack.gateway_url}/v1/chat/completions", json=body) as answer,
     ):
         tier = answer.headers["x-route-tier"]
-        lines = answer.iter_lines()
-        events.append(next(line for line in lines if line.startswith("data: ")))
+        stream = answer.iter_lines()
+        for line in stream:  # a few tokens first, then the tier dies under the stream
+            lines.append(line)
+            if sum(1 for seen in lines if '"content"' in seen) >= 5:
+                break
         stack.tier_process(tier).kill()
-        events += [line for line in lines if line.startswith("data: ")]  # must end, not hang
-    assert events[-1] == "data: [DONE]"
-    assert '"error"' in events[-2], events[-3:]  # one clean SSE error event, no second answer
+        lines += list(stream)  # must end, not hang
+    events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    assert not [e for e in events if '"error"' in e], events[-3:]
+    payloads = [json.loads(e) for e in events[:-1]]
+    assert len({p["id"] for p in payloads}) == 1  # one answer
+    comments = [line for line in lines if line.startswith(": answer continued on tier")]
+    assert len(comments) == 1 and f"after tier {tier} failed" in comments[0], lines[:3]
+    (usage,) = [p["usage"] for p in payloads if p.get("usage")]
+    assert usage["completion_tokens"] == 400, usage  # the length asked for, across both tiers
+    finish = [c["finish_reason"] for p in payloads for c in p["choices"] if c["finish_reason"]]
+    assert finish == ["length"]
+    metrics = httpx.get(f"{stack.gateway_url}/metrics", timeout=10).text
+    assert f'gateway_stream_resumes_total{{from_tier="{tier}"' in metrics
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:

@@ -1,0 +1,66 @@
+"""The routing policy's ``escalation`` section: which streamed answers are watched for
+degeneration (gateway/request/degeneration.py) and continued on the next tier of their chain
+when one degenerates (gateway/request/stream_watch.py). Off while ``tiers`` is empty."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Literal
+
+from pydantic import Field
+
+from common.operator_yaml import Section
+from gateway.policy.classes import PositiveInt
+from gateway.request.degeneration import LoopCheck, ScriptCheck
+
+ClassName = Literal["tolerant", "code", "math", "long"]
+
+
+def _all_classes() -> list[ClassName]:
+    return ["tolerant", "code", "math", "long"]
+
+
+class LoopRule(Section):
+    """A loop: a unit of at most ``max_period`` characters repeated ``min_repeats`` times and
+    covering ``min_chars`` characters at the end of the answer."""
+
+    max_period: PositiveInt = 40
+    min_repeats: int = Field(default=4, ge=2)
+    min_chars: PositiveInt = 40
+
+    def check(self) -> LoopCheck:
+        return LoopCheck(self.max_period, self.min_repeats, self.min_chars)
+
+
+class ScriptsRule(Section):
+    """Garbage: letters of more than ``max_scripts`` writing systems in ``window_chars``."""
+
+    window_chars: PositiveInt = 32
+    max_scripts: PositiveInt = 2
+
+    def check(self) -> ScriptCheck:
+        return ScriptCheck(self.window_chars, self.max_scripts)
+
+
+class EscalationPolicy(Section):
+    """See policies/routing.yaml for each field."""
+
+    tiers: list[str] = Field(default_factory=list)
+    classes: list[ClassName] = Field(default_factory=_all_classes)
+    holdback_chars: int = Field(default=48, ge=0)
+    loop: LoopRule | None = Field(default_factory=LoopRule)
+    scripts: ScriptsRule | None = Field(default_factory=ScriptsRule)
+
+    def watches(self, tier: str, cls: str) -> bool:
+        """Whether a ``cls`` answer streamed by ``tier`` is watched."""
+        return tier in self.tiers and cls in self.classes
+
+
+def escalation_problems(
+    policy: EscalationPolicy, tiers: Sequence[str]
+) -> Iterator[tuple[tuple[str | int, ...], str]]:
+    """Every watched tier must be declared."""
+    declared = ", ".join(tiers)
+    for i, name in enumerate(policy.tiers):
+        if name not in tiers:
+            yield ("escalation", "tiers", i), f"unknown tier {name} (tiers: {declared})"

@@ -1,0 +1,265 @@
+"""Continuing a streamed answer on another tier: what the client has, what to ask next, and
+how the next tier's events are rewritten into the same stream. Pure: no I/O.
+
+Every tier serves the same model with the same tokenizer and chat template, so an answer cut
+short on one tier can go on from where it stopped on another:
+
+- ``read_sent`` reads the SSE events the client was sent (complete events only: the relay
+  forwards nothing past the last event boundary it has) into a ``Sent``: the answer's id and
+  creation time, its text so far, how many content events it had, whether it already ended.
+- ``unresumable`` says why a request cannot be continued (several choices, echo, structured
+  output whose grammar would restart, a prompt that is not one text), or None.
+- ``continuation_body`` is the body for the next tier: a chat's messages plus the partial
+  assistant message with vLLM's ``continue_final_message: true`` and
+  ``add_generation_prompt: false``; a completion's prompt plus the partial text; ``max_tokens``
+  (and ``min_tokens``) reduced by what was already generated.
+- ``Rewriter`` makes the next tier's events continue the first answer's: the same ``id`` and
+  ``created``, no second ``role`` delta, usage summed over both tiers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+CHAT = "/v1/chat/completions"
+DONE = b"data: [DONE]\n\n"
+_BOUNDARIES = (b"\n\n", b"\r\n\r\n")
+# Request fields whose meaning does not survive a continuation: the grammar of structured
+# output starts again at the continuation's first token, echo would repeat the prompt.
+_STRUCTURED = (
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+)
+
+
+def complete_events(data: bytes) -> tuple[bytes, bytes]:
+    """``data`` split at its last event boundary: (the complete events, the rest)."""
+    if data.endswith(b"\n\n"):
+        return data, b""
+    cut = max(data.rfind(mark) + len(mark) if mark in data else 0 for mark in _BOUNDARIES)
+    return data[:cut], data[cut:]
+
+
+def event_data(events: bytes) -> list[bytes]:
+    """The ``data:`` payloads of the complete events in ``events``, in order."""
+    found = []
+    for line in events.replace(b"\r\n", b"\n").split(b"\n"):
+        if line.startswith(b"data:"):
+            found.append(line[5:].strip())
+    return found
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What the client has been sent of the answer."""
+
+    id: str | None = None
+    created: int | None = None
+    text: str = ""
+    events: int = 0  # events that carried a choice's text (one or more tokens each)
+    finished: bool = False  # a finish_reason (or [DONE]) was sent: nothing to continue
+    why_not: str | None = None  # set when the answer so far cannot be continued
+
+
+def read_sent(events: Iterable[bytes], chat: bool) -> Sent:
+    """Read the events forwarded to the client (see the module docstring)."""
+    answer_id: str | None = None
+    created: int | None = None
+    parts: list[str] = []
+    count, finished = 0, False
+    for data in event_data(b"".join(events)):
+        if data == b"[DONE]":
+            finished = True
+            continue
+        try:
+            event = json.loads(data)
+        except ValueError:
+            return Sent(why_not="an event the tier sent is not JSON")
+        if not isinstance(event, dict):
+            return Sent(why_not="an event the tier sent is not a JSON object")
+        if "error" in event:
+            return Sent(why_not="the tier sent an error event")
+        answer_id = answer_id or _str(event.get("id"))
+        created = created if created is not None else _int(event.get("created"))
+        for choice in event.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                return Sent(why_not="the answer has several choices")
+            text = _choice_text(choice, chat)
+            if text is None:
+                return Sent(why_not="the answer holds more than text (tool calls)")
+            if text:
+                parts.append(text)
+                count += 1
+            if choice.get("finish_reason"):
+                finished = True
+    return Sent(answer_id, created, "".join(parts), count, finished)
+
+
+def _choice_text(choice: Mapping[str, Any], chat: bool) -> str | None:
+    """A choice's text in one event ("" for none); None when it holds something else."""
+    if not chat:
+        text = choice.get("text")
+        return text if isinstance(text, str) else ""
+    delta = choice.get("delta") or {}
+    if not isinstance(delta, dict) or delta.get("tool_calls") or delta.get("function_call"):
+        return None
+    content = delta.get("content")
+    return content if isinstance(content, str) else ""
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def unresumable(body: Mapping[str, Any], path: str) -> str | None:
+    """Why an answer to ``body`` could not be continued on another tier, or None."""
+    if body.get("n") not in (None, 1) or body.get("best_of") not in (None, 1):
+        return "several choices"
+    if body.get("echo"):
+        return "echo"
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
+        return "structured output"
+    if any(body.get(field) is not None for field in _STRUCTURED):
+        return "structured output"
+    if path == CHAT:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return "no messages"
+        if body.get("continue_final_message") and not _assistant_text(messages[-1]):
+            return "a final message that is not text"
+        return None
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return None
+    return None if isinstance(prompt, str) else "a prompt that is not one text"
+
+
+def _assistant_text(message: Any) -> bool:
+    return (
+        isinstance(message, dict)
+        and message.get("role") == "assistant"
+        and isinstance(message.get("content"), str)
+    )
+
+
+def used_up(body: Mapping[str, Any], generated: int, max_tokens_field: str) -> bool:
+    """Whether ``generated`` tokens already reach the length ``body`` asked for."""
+    limit = body.get(max_tokens_field)
+    return isinstance(limit, int) and not isinstance(limit, bool) and generated >= limit
+
+
+def continuation_body(
+    body: Mapping[str, Any], path: str, sent: Sent, generated: int, max_tokens_field: str
+) -> dict[str, Any]:
+    """The body asking the next tier to go on from ``sent`` (``generated`` tokens so far).
+    ``body`` is the one planned for that tier (its ``max_tokens`` fits its context with the
+    prompt); ``unresumable`` passed and the length is not ``used_up``."""
+    follow = dict(body)
+    limit = body.get(max_tokens_field)
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        follow[max_tokens_field] = max(limit - generated, 1)
+    least = body.get("min_tokens")
+    if isinstance(least, int) and not isinstance(least, bool) and least:
+        follow["min_tokens"] = max(least - generated, 0)
+    if path == CHAT:
+        messages = list(body["messages"])
+        if body.get("continue_final_message"):  # the client's own prefix, already going on
+            last = messages[-1]
+            messages[-1] = {**last, "content": last["content"] + sent.text}
+        else:
+            messages.append({"role": "assistant", "content": sent.text})
+        follow["messages"] = messages
+        follow["continue_final_message"] = True
+        follow["add_generation_prompt"] = False
+        return follow
+    prompt = body["prompt"]
+    follow["prompt"] = (prompt if isinstance(prompt, str) else prompt[0]) + sent.text
+    return follow
+
+
+def length_ending(sent: Sent, chat: bool, model: str) -> bytes:
+    """The events ending an answer whose length was used up when its tier failed."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+    if chat:
+        choice["delta"] = {}
+    else:
+        choice["text"] = ""
+    event = {
+        "id": sent.id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": sent.created,
+        "model": model,
+        "choices": [choice],
+    }
+    return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n" + DONE
+
+
+class Rewriter:
+    """Rewrites the next tier's events to continue the answer the client has (see the module
+    docstring). ``generated``: completion tokens the first tiers produced; ``resent``: tokens
+    of the sent text the next tier read as part of its prompt."""
+
+    def __init__(self, sent: Sent, chat: bool, generated: int, resent: int) -> None:
+        self.sent, self.chat = sent, chat
+        self.generated, self.resent = generated, resent
+
+    def __call__(self, events: bytes) -> bytes:
+        """Complete events in, the events to forward out (possibly none)."""
+        out = []
+        for data in event_data(events):
+            rewritten = data if data == b"[DONE]" else self._event(data)
+            if rewritten is not None:
+                out.append(b"data: " + rewritten + b"\n\n")
+        return b"".join(out)
+
+    def _event(self, data: bytes) -> bytes | None:
+        try:
+            event = json.loads(data)
+        except ValueError:
+            return data
+        if not isinstance(event, dict) or "error" in event:
+            return data
+        if self.sent.id is not None:
+            event["id"] = self.sent.id
+        if self.sent.created is not None:
+            event["created"] = self.sent.created
+        choices = event.get("choices")
+        if self.chat and isinstance(choices, list) and choices:
+            kept = [c for c in map(_without_role, choices) if c is not None]
+            if not kept and not event.get("usage"):
+                return None
+            event["choices"] = kept
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            event["usage"] = self._usage(usage)
+        return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
+
+    def _usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if not isinstance(prompt, int) or not isinstance(completion, int):
+            return usage
+        prompt = max(prompt - self.resent, 0)
+        completion += self.generated
+        return {**usage, "prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion}  # fmt: skip
+
+
+def _without_role(choice: Any) -> Any:
+    """A chat choice without its ``role`` (the client has had one); None when nothing is left."""
+    if not isinstance(choice, dict) or not isinstance(choice.get("delta"), dict):
+        return choice
+    delta = {k: v for k, v in choice["delta"].items() if k != "role"}
+    if not any(delta.values()) and not choice.get("finish_reason") and not choice.get("logprobs"):
+        return None
+    return {**choice, "delta": delta}

@@ -1,0 +1,190 @@
+"""Opening the continuation of a streamed answer whose tier failed mid-stream.
+
+A ``Resumer`` is made for each streamed request that can be continued
+(gateway/request/continuation.py ``unresumable``). When the answering endpoint fails after the
+client has had part of the answer, the relay (gateway/request/relay.py) hands it the events
+sent so far; it opens the same request, continued from that text, on the endpoints after the
+failed one in the request's chain (the rest of its tier's pool, then the next tiers), as
+``open_chain`` opens a request, and returns the continuation: the endpoint, its response and
+the rewriter of its events. The switch is counted (``gateway_stream_resumes_total``), is an
+event on the request's span and an SSE comment line in the stream (clients ignore comments).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from gateway.config import TierEndpoint
+from gateway.errors import APIError
+from gateway.policy.escalation import EscalationPolicy
+from gateway.request.continuation import (
+    CHAT,
+    DONE,
+    Rewriter,
+    continuation_body,
+    length_ending,
+    read_sent,
+    unresumable,
+    used_up,
+)
+from gateway.request.exchange import Exchange
+from gateway.request.plan import Plan
+from gateway.request.prompt_count import PromptCounter
+from gateway.request.relay import open_chain
+from gateway.request.stream_watch import Degenerated, StreamWatch
+from gateway.request.upstream import Upstream, aclose_quietly
+
+logger = logging.getLogger(__name__)
+
+Chain = Sequence[Sequence[TierEndpoint]]
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """How the stream goes on: a tier's response and its rewriter, or closing events only."""
+
+    tier: TierEndpoint | None = None
+    response: httpx.Response | None = None
+    rewrite: Callable[[bytes], bytes] | None = None
+    closing: bytes = b""  # sent before anything else: a comment, or the answer's end
+
+
+def rest_of_chain(chain: Chain, failed: TierEndpoint) -> list[list[TierEndpoint]]:
+    """The endpoints to try after ``failed``: the rest of its tier's pool, then later tiers."""
+    for i, endpoints in enumerate(chain):
+        for j, endpoint in enumerate(endpoints):
+            if endpoint is failed or endpoint == failed:
+                return [list(endpoints[j + 1 :]), *(list(e) for e in chain[i + 1 :])]
+    return []
+
+
+class Resumer:
+    """Continues one streamed request on the rest of its chain (see the module docstring)."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        chain: Chain,
+        body_for: Callable[[str], Mapping[str, Any]],
+        path: str,
+        headers: Mapping[str, str],
+        exchange: Exchange,
+        *,
+        max_tokens_field: str,
+        count_text: Callable[[str], int],
+        model: str,
+        first_byte: float = float("inf"),
+        escalation: EscalationPolicy | None = None,
+        cls: str = "",
+    ) -> None:
+        self.upstream, self.chain, self.body_for = upstream, chain, body_for
+        self.path, self.headers, self.exchange = path, headers, exchange
+        self.max_tokens_field, self.count_text, self.model = max_tokens_field, count_text, model
+        self.first_byte, self.escalation, self.cls = first_byte, escalation, cls
+        self.watch: StreamWatch | None = None
+        if escalation is not None and escalation.tiers and cls in escalation.classes:
+            self.watch = StreamWatch(
+                escalation.loop.check() if escalation.loop else None,
+                escalation.scripts.check() if escalation.scripts else None,
+                escalation.holdback_chars,
+                path == CHAT,
+            )
+
+    def watches(self, tier: TierEndpoint) -> bool:
+        """Whether ``tier``'s stream is watched: the policy says so and a later tier of the
+        chain could continue it."""
+        if self.watch is None or self.escalation is None:
+            return False
+        return self.escalation.watches(tier.name, self.cls) and any(
+            rest_of_chain(self.chain, tier)[1:]
+        )
+
+    async def resume(
+        self, failed: TierEndpoint, sent_events: list[bytes], error: APIError
+    ) -> Continuation | None:
+        """The stream's continuation after ``failed`` broke off with ``error``; None when it
+        cannot go on (the relay then ends it with the error event, as before)."""
+        chat = self.path == CHAT
+        sent = read_sent(sent_events, chat)
+        if sent.why_not is not None:
+            logger.info("stream on %s not continued: %s", failed.name, sent.why_not)
+            return None
+        if sent.finished:  # the answer had ended: only its [DONE] was missing
+            return Continuation(closing=b"" if b"[DONE]" in b"".join(sent_events) else DONE)
+        # Each event the tier sent held one token or more: the length asked for is used up
+        # only when they reach it. The next tier's budget is cut by the text's own count when
+        # that is more (it reads that many more tokens of prompt: its context must hold them).
+        resent = self.count_text(sent.text) if sent.text else 0
+        generated = max(sent.events, resent)
+        if used_up(self.body_for(failed.name), sent.events, self.max_tokens_field):
+            self._record(failed, None, generated, error)
+            return Continuation(closing=length_ending(sent, chat, self.model))
+        rest = rest_of_chain(self.chain, failed)
+        verdict = error.verdict if isinstance(error, Degenerated) else None
+        if verdict is not None:  # the same precision would degenerate alike: the next tier
+            rest = rest[1:]
+
+        def body(name: str) -> dict[str, Any]:
+            return continuation_body(
+                self.body_for(name), self.path, sent, generated, self.max_tokens_field
+            )
+
+        while any(rest):
+            try:
+                tier, response = await open_chain(
+                    self.upstream, rest, body, self.path, self.headers, self.exchange,
+                    self.first_byte,
+                )  # fmt: skip
+            except APIError:
+                return None
+            if response.status_code == 200:
+                self._record(failed, tier, generated, error)
+                why = "failed" if verdict is None else f"degenerated ({verdict.kind})"
+                comment = f": answer continued on tier {tier.name} after tier {failed.name} {why}"
+                rewrite = Rewriter(sent, chat, generated, resent)
+                return Continuation(tier, response, rewrite, comment.encode() + b"\n\n")
+            logger.warning(
+                "continuing a stream on %s: it answered HTTP %s", tier.name, response.status_code
+            )
+            await aclose_quietly(response)
+            rest = rest_of_chain(rest, tier)
+        return None
+
+    def _record(
+        self, failed: TierEndpoint, tier: TierEndpoint | None, generated: int, error: APIError
+    ) -> None:
+        to = tier.name if tier is not None else "none"
+        if isinstance(error, Degenerated):
+            verdict = error.verdict
+            self.exchange.escalated(failed.name, to, verdict.kind, verdict.detail, generated)
+        else:
+            self.exchange.resumed(failed.name, to, generated, error.code or "error")
+
+
+def stream_resumer(
+    upstream: Upstream,
+    chain: Chain,
+    plan: Plan,
+    body: Mapping[str, Any],
+    path: str,
+    headers: Mapping[str, str],
+    exchange: Exchange,
+    counter: PromptCounter,
+    model: str,
+    first_byte: float,
+    escalation: EscalationPolicy | None = None,
+) -> Resumer | None:
+    """The resumer of a streamed request, or None when its answer could not be continued."""
+    why_not = unresumable(body, path)
+    if why_not is not None:
+        return None
+    return Resumer(
+        upstream, chain, lambda name: plan.body_for(name, body), path, headers, exchange,
+        max_tokens_field=plan.max_tokens_field, count_text=counter.count_text, model=model,
+        first_byte=first_byte, escalation=escalation, cls=plan.cls,
+    )  # fmt: skip

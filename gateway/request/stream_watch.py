@@ -1,0 +1,161 @@
+"""Watching a streamed answer for degeneration, holding back the text not yet checked.
+
+A ``StreamWatch`` sits in the relay (gateway/request/relay.py) between a watched tier and the
+client. It is fed complete SSE events; it keeps the answer's text, runs the policy's detectors
+(gateway/request/degeneration.py) each time the text grows, and lets an event go to the
+client only once ``holdback`` more characters have followed it unflagged (or the answer ends:
+its finish, usage and ``[DONE]`` events release everything). So a loop or a run of garbage
+found within the held text is never sent: on a verdict the watch releases the events up to the
+verdict's cut (the one the cut falls in shortened to it), drops the rest and sets ``verdict``;
+the relay then continues the answer on the next tier from the text sent
+(gateway/request/resume.py). A verdict whose cut falls in text already sent cuts where the
+sent text ends: nothing the client has is taken back or sent twice.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.errors import SERVER_ERROR, APIError
+from gateway.request.continuation import event_data
+from gateway.request.degeneration import (
+    Degeneration,
+    LoopCheck,
+    ScriptCheck,
+    find_loop,
+    find_script_mix,
+)
+
+
+@dataclass
+class _Held:
+    raw: bytes  # the event as it came
+    event: dict[str, Any] | None  # parsed, when it carries text
+    start: int  # its text's span in the answer's text
+    end: int
+
+
+class StreamWatch:
+    """One streamed answer's watch (see the module docstring)."""
+
+    def __init__(
+        self, loop: LoopCheck | None, scripts: ScriptCheck | None, holdback: int, chat: bool
+    ) -> None:
+        self.loop, self.scripts, self.holdback, self.chat = loop, scripts, holdback, chat
+        self.text = ""  # the answer's text: sent, then held
+        self.sent = 0  # characters of it the client has
+        self._held: list[_Held] = []
+        self.verdict: Degeneration | None = None
+
+    def feed(self, events: bytes) -> bytes:
+        """Complete events in, the events that may go to the client now out."""
+        ending = False
+        for data in event_data(events):
+            event, text, last = self._read(data)
+            start = len(self.text)
+            self.text += text
+            self._held.append(_Held(b"data: " + data + b"\n\n", event, start, len(self.text)))
+            ending = ending or last
+            if text:
+                verdict = self._check()
+                if verdict is not None:
+                    return self._cut(verdict)
+        return self._release(len(self.text) if ending else len(self.text) - self.holdback)
+
+    def flush(self) -> bytes:
+        """The stream ended without a finish: everything held may go."""
+        return self._release(len(self.text))
+
+    def resume(self) -> None:
+        """The answer goes on on another tier from the text sent: what was held is dropped
+        (never sent), the verdict forgotten."""
+        self._held = []
+        self.text = self.text[: self.sent]
+        self.verdict = None
+
+    def _read(self, data: bytes) -> tuple[dict[str, Any] | None, str, bool]:
+        """(the event, its text, whether it ends the answer)."""
+        if data == b"[DONE]":
+            return None, "", True
+        try:
+            event = json.loads(data)
+        except ValueError:
+            return None, "", False
+        if not isinstance(event, dict):
+            return None, "", False
+        choices = event.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return None, "", bool(event.get("usage"))
+        choice = choices[0]
+        text = _text(choice, self.chat)
+        return (event if text else None), text, bool(choice.get("finish_reason"))
+
+    def _check(self) -> Degeneration | None:
+        if self.loop is not None:
+            found = find_loop(self.text, self.loop)
+            if found is not None:
+                return found
+        if self.scripts is not None:
+            return find_script_mix(self.text, self.scripts)
+        return None
+
+    def _release(self, upto: int) -> bytes:
+        out = []
+        while self._held and self._held[0].end <= upto:
+            held = self._held.pop(0)
+            out.append(held.raw)
+            self.sent = held.end
+        return b"".join(out)
+
+    def _cut(self, verdict: Degeneration) -> bytes:
+        cut = max(verdict.cut, self.sent)
+        out = []
+        for held in self._held:
+            if held.end <= cut:
+                out.append(held.raw)
+            elif held.start < cut and held.event is not None:
+                out.append(self._shortened(held, cut))
+        self._held = []
+        self.text = self.text[:cut]
+        self.sent = cut
+        self.verdict = Degeneration(verdict.kind, cut, verdict.detail)
+        return b"".join(out)
+
+    def _shortened(self, held: _Held, cut: int) -> bytes:
+        assert held.event is not None
+        event = dict(held.event)
+        choice = dict(event["choices"][0])
+        kept = self.text[held.start : cut]
+        if self.chat:
+            choice["delta"] = {**choice.get("delta", {}), "content": kept}
+        else:
+            choice["text"] = kept
+        choice["finish_reason"] = None
+        event["choices"] = [choice, *event["choices"][1:]]
+        return b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"
+
+
+def _text(choice: dict[str, Any], chat: bool) -> str:
+    if not chat:
+        text = choice.get("text")
+        return text if isinstance(text, str) else ""
+    delta = choice.get("delta")
+    content = delta.get("content") if isinstance(delta, dict) else None
+    return content if isinstance(content, str) else ""
+
+
+class Degenerated(APIError):
+    """A watched tier's answer degenerated (gateway/request/stream_watch.py): it is continued
+    on the next tier, or, with none left that answers, ended as a failure."""
+
+    def __init__(self, tier: str, verdict: Degeneration) -> None:
+        super().__init__(
+            502,
+            f"tier '{tier}' degenerated ({verdict.kind}: {verdict.detail}); no tier continued it",
+            SERVER_ERROR,
+            code="degenerate_answer",
+            public="the model server's answer degenerated and could not be continued",
+        )
+        self.verdict = verdict

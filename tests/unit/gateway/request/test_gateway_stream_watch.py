@@ -1,0 +1,139 @@
+"""gateway/request/stream_watch.py: held back, released, cut before the degenerate text; and
+escalation through a real gateway over stub tiers (127.0.0.1)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from gateway.request.degeneration import LoopCheck, ScriptCheck
+from gateway.request.stream_watch import StreamWatch
+
+MODEL = "stub-model"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Capital of France?"}]}
+
+
+def chunk(text: str, finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+    return b"data: " + json.dumps({"id": "a", "choices": [choice]}).encode() + b"\n\n"
+
+
+def texts(events: bytes) -> str:
+    out = []
+    for line in events.split(b"\n\n"):
+        if line.startswith(b"data: {"):
+            out.append(json.loads(line[6:])["choices"][0]["delta"].get("content") or "")
+    return "".join(out)
+
+
+def watch(holdback: int = 10) -> StreamWatch:
+    return StreamWatch(LoopCheck(8, 4, 12), ScriptCheck(16, 2), holdback, chat=True)
+
+
+def test_text_is_held_until_holdback_characters_follow_it_and_released_at_the_end() -> None:
+    w = watch(holdback=10)
+    assert w.feed(chunk("Hello ")) == b""  # 6 characters: held
+    out = w.feed(chunk("there, how are"))  # 20 now: "Hello " is 14 behind the end
+    assert texts(out) == "Hello "
+    out = w.feed(chunk(" you?", finish="stop") + b"data: [DONE]\n\n")
+    assert texts(out) == "there, how are you?" and out.endswith(b"data: [DONE]\n\n")
+    assert w.verdict is None and w.sent == len("Hello there, how are you?")
+
+
+def test_a_loop_within_the_held_text_is_cut_before_it_is_sent() -> None:
+    w = watch(holdback=40)
+    out = w.feed(chunk("Sure: ") + b"".join(chunk("ISS") for _ in range(6)))
+    assert w.verdict is not None and w.verdict.kind == "loop"
+    assert texts(out) == "Sure: ISS"  # the first occurrence kept, the repeats never sent
+    assert w.text == "Sure: ISS" and w.sent == len("Sure: ISS")
+
+
+def test_a_cut_inside_one_event_shortens_that_event() -> None:
+    w = watch(holdback=40)
+    out = w.feed(chunk("Ok " + "ab" * 8))
+    assert texts(out) == "Ok ab" and w.verdict is not None
+
+
+def test_a_verdict_never_takes_back_what_was_sent() -> None:
+    w = watch(holdback=0)  # nothing held: every event goes at once
+    sent = b"".join(w.feed(chunk("ab")) for _ in range(5))
+    assert texts(sent) == "ab" * 5 and w.verdict is None  # 10 characters: not yet a loop
+    out = w.feed(chunk("ab"))
+    assert w.verdict is not None and texts(out) == ""
+    assert w.verdict.cut == 10  # where the sent text ends, not after the first "ab"
+
+
+def test_garbage_scripts_are_cut_at_the_third_script() -> None:
+    w = watch(holdback=40)
+    out = w.feed(chunk("Paris est ") + chunk("ბა%(Β¥"))
+    assert w.verdict is not None and w.verdict.kind == "scripts"
+    assert texts(out) == "Paris est ბა%("
+
+
+def test_resume_drops_what_was_held() -> None:
+    w = watch(holdback=40)
+    w.feed(chunk("Hello there"))
+    w.resume()
+    assert (w.text, w.sent) == ("", 0)
+
+
+# --- through the gateway ------------------------------------------------------------------
+
+
+def _policy(tmp_path: Any, escalation: str) -> str:
+    policy = tmp_path / "routing.yaml"
+    route = "[t0, t1]"
+    policy.write_text(
+        f"tiers: [t0, t1]\nroutes: {{tolerant: {route}, code: {route}, math: {route}, "
+        f"long: {route}}}\nescalation: {escalation}\n"
+    )
+    return str(policy)
+
+
+def _stream(client: httpx.Client, url: str) -> list[str]:
+    with client.stream("POST", url, json={**CHAT, "stream": True, "max_tokens": 60}) as answer:
+        assert answer.status_code == 200
+        return [line for line in answer.iter_lines() if line]
+
+
+def _content(lines: list[str]) -> str:
+    payloads = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert not any("error" in p for p in payloads), lines
+    return "".join(p["choices"][0]["delta"].get("content") or "" for p in payloads)
+
+
+def test_a_looping_tier_is_cut_and_continued_on_the_next(
+    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+) -> None:
+    looping, healthy = make_stub(), make_stub()
+    looping.stream_texts = ["De la ", "bibli", "é", *["KISS"] * 30]
+    healthy.stream_texts = ["Paris."]
+    policy = _policy(tmp_path, "{tiers: [t0], holdback_chars: 64}")
+    gateway = start_gateway(looping.url, healthy.url, policy_path=policy, watch_policy=False)
+    lines = _stream(client, f"{gateway}/v1/chat/completions")
+    assert _content(lines) == "De la bibliéKISS" + "Paris."
+    assert ": answer continued on tier t1 after tier t0 degenerated (loop)" in lines
+    assert lines.count("data: [DONE]") == 1 and lines[-1] == "data: [DONE]"
+    sent = healthy.last_request["body"]
+    assert sent["messages"][-1] == {"role": "assistant", "content": "De la bibliéKISS"}
+    metrics = client.get(f"{gateway}/metrics").text
+    labels = 'class="tolerant",from_tier="t0",kind="loop",to_tier="t1"'
+    assert f"gateway_stream_escalations_total{{{labels}}} 1.0" in metrics
+
+
+def test_unwatched_tiers_and_healthy_answers_pass_unchanged(
+    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+) -> None:
+    looping, healthy = make_stub(), make_stub()
+    looping.stream_texts = ["ab"] * 30
+    policy = _policy(tmp_path, "{tiers: [], holdback_chars: 64}")  # off
+    gateway = start_gateway(looping.url, healthy.url, policy_path=policy, watch_policy=False)
+    assert _content(_stream(client, f"{gateway}/v1/chat/completions")) == "ab" * 30
+    assert healthy.requests == []
+    looping.stream_texts = ["The capital ", "of France ", "is Paris."]
+    policy = _policy(tmp_path, "{tiers: [t0]}")
+    watched = start_gateway(looping.url, healthy.url, policy_path=policy, watch_policy=False)
+    text = _content(_stream(client, f"{watched}/v1/chat/completions"))
+    assert text == "The capital of France is Paris." and healthy.requests == []
