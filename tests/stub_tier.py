@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,7 +29,9 @@ class StubTier:
 
     ``mode`` picks the behaviour of the completion endpoints:
     ``normal``; ``slow`` (a long stream, one chunk every 50 ms); ``die`` (two chunks, then the
-    connection drops); ``unavailable`` (503); ``hang`` (no answer until the client leaves);
+    connection drops); ``error_event`` (two chunks, then an error event and ``[DONE]``, as vLLM
+    ends a stream whose engine failed); ``unavailable`` (503); ``hang`` (no answer until the
+    client leaves);
     ``bad_request`` (400 in vLLM's flat error shape). ``whole_delay``: seconds a whole
     (non-streamed) answer takes, as vLLM sends nothing until it is complete.
     """
@@ -50,6 +53,7 @@ class StubTier:
         self.stream_started = threading.Event()
         self.stream_finished = threading.Event()
         self.stream_cancelled = threading.Event()
+        self.cancelled_at: float | None = None  # when its stream was cancelled (monotonic)
         self.request_aborted = threading.Event()
         self.url = ""
         self.app = Starlette(
@@ -76,7 +80,12 @@ class StubTier:
     async def _answer(self, request: Request, chat: bool) -> Response:
         body = await request.json()
         self.requests.append(
-            {"path": request.url.path, "headers": dict(request.headers), "body": body}
+            {
+                "path": request.url.path,
+                "headers": dict(request.headers),
+                "body": body,
+                "at": time.monotonic(),
+            }
         )
         if self.mode == "unavailable":
             return JSONResponse({"error": {"message": "busy"}}, status_code=503)
@@ -148,6 +157,10 @@ class StubTier:
                     await asyncio.sleep(0.05)
                 if self.mode == "die" and index == 2:
                     raise StubDied("stub tier dropped the connection")
+                if self.mode == "error_event" and index == 2:
+                    error = {"message": "engine died", "type": "InternalServerError", "code": 500}
+                    yield f"data: {json.dumps({'error': error})}\n\ndata: [DONE]\n\n".encode()
+                    return
                 yield self._chunk(chat, index, last=False)
             yield self._chunk(chat, count, last=True)
             if usage:  # as vLLM sends it when asked: no choices, the counts
@@ -162,6 +175,7 @@ class StubTier:
             yield b"data: [DONE]\n\n"
             self.stream_finished.set()
         except (GeneratorExit, asyncio.CancelledError):
+            self.cancelled_at = time.monotonic()
             self.stream_cancelled.set()
             raise
 

@@ -55,6 +55,27 @@ def event_data(events: bytes) -> list[bytes]:
     return found
 
 
+def split_error(events: bytes) -> tuple[bytes, str | None]:
+    """``events`` up to a tier's own error event (vLLM sends one, then ``[DONE]``, when its
+    engine fails mid-stream), and that event's message; (``events``, None) without one."""
+    if b'"error":' not in events:  # in a JSON string a quote is escaped: only a key matches
+        return events, None
+    kept: list[bytes] = []
+    for block in events.split(b"\n\n"):
+        for data in event_data(block + b"\n\n"):
+            try:
+                event = json.loads(data)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and "error" in event:
+                error = event["error"]
+                message = error.get("message") if isinstance(error, dict) else error
+                return b"".join(kept), str(message)[:200]
+        if block:
+            kept.append(block + b"\n\n")
+    return events, None
+
+
 @dataclass(frozen=True)
 class Sent:
     """What the client has been sent of the answer."""
@@ -62,7 +83,7 @@ class Sent:
     id: str | None = None
     created: int | None = None
     text: str = ""
-    events: int = 0  # events that carried a choice's text (one or more tokens each)
+    events: int = 0  # token events (one token or more each: not the role or finish events)
     finished: bool = False  # a finish_reason (or [DONE]) was sent: nothing to continue
     why_not: str | None = None  # set when the answer so far cannot be continued
 
@@ -93,11 +114,11 @@ def read_sent(events: Iterable[bytes], chat: bool) -> Sent:
             text = _choice_text(choice, chat)
             if text is None:
                 return Sent(why_not="the answer holds more than text (tool calls)")
-            if text:
-                parts.append(text)
-                count += 1
+            parts.append(text)
             if choice.get("finish_reason"):
                 finished = True
+            elif text or not _opening(choice, chat):
+                count += 1  # a token event (an empty one: a character still incomplete)
     return Sent(answer_id, created, "".join(parts), count, finished)
 
 
@@ -111,6 +132,12 @@ def _choice_text(choice: Mapping[str, Any], chat: bool) -> str | None:
         return None
     content = delta.get("content")
     return content if isinstance(content, str) else ""
+
+
+def _opening(choice: Mapping[str, Any], chat: bool) -> bool:
+    """Whether a chat choice is the role-only delta that opens the answer."""
+    delta = choice.get("delta")
+    return chat and isinstance(delta, dict) and "role" in delta
 
 
 def _str(value: Any) -> str | None:

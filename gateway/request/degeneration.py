@@ -7,10 +7,11 @@ its settings, not by the answer's length):
   ``min_repeats`` times and covering at least ``min_chars`` characters ("SISSISSISSISS...",
   "the the the the", a sentence said again and again). The verdict's ``cut`` keeps the first
   occurrence of the unit and drops the repeats.
-- ``find_script_mix``: within the last ``window_chars`` characters, letters of more than
-  ``max_scripts`` writing systems ("Promachevredjacouter ბა%(Β¥#ינגערא": Latin, Georgian,
-  Greek, Hebrew). Digits, punctuation, symbols and spaces belong to no script. The ``cut`` is
-  where the window's first letter of a script beyond the answer's first ``max_scripts`` is.
+- ``find_script_mix``: within the last ``window_chars`` characters, runs of two letters or more
+  of more than ``max_scripts`` writing systems ("Promachevredjacouter ბა%(Β¥#ינגערא": Latin,
+  Georgian, Hebrew; the lone Greek Β counts for nothing, as α in a formula would not). Digits,
+  punctuation, symbols and spaces belong to no script. The ``cut`` is where the first run of a
+  script beyond the window's first ``max_scripts`` starts.
 
 ``Degeneration.cut`` is a character offset into the text: what comes before it is kept.
 """
@@ -49,17 +50,27 @@ def find_loop(text: str, check: LoopCheck) -> Degeneration | None:
     length = len(text)
     if length < max(check.min_chars, check.min_repeats):
         return None
+    last = text[-1]
     for period in range(1, check.max_period + 1):
         span = max(period * check.min_repeats, check.min_chars)
         if span > length:
             break
+        if text[-1 - period] != last:  # cheap first: the last character must repeat too
+            continue
         # text[-span:] repeats with this period iff it equals itself shifted by one period.
         if text[length - span + period :] != text[length - span : length - period]:
             continue
-        start, floor = length - span, max(length - LOOKBACK, period)
-        while start >= floor and text[start - period : start] == text[start : start + period]:
-            start -= period  # back to the loop's first occurrence (within LOOKBACK)
+        # Back to where the repetition starts (within LOOKBACK): whole units, then characters.
+        start, floor = length - span, max(length - LOOKBACK, 0)
+        while (
+            start - period >= floor and text[start - period : start] == text[start : start + period]
+        ):
+            start -= period
+        while start > floor and text[start - 1] == text[start - 1 + period]:
+            start -= 1
         unit = text[length - period :]
+        if not any(char.isalpha() for char in unit):
+            continue  # rules, separators, runs of digits: "-----", "| --- |", "0, 0, 0"
         return Degeneration("loop", start + period, f"{unit!r} x{(length - start) // period}")
     return None
 
@@ -69,12 +80,16 @@ def find_script_mix(text: str, check: ScriptCheck) -> Degeneration | None:
     window = text[-check.window_chars :]
     if window.isascii():
         return None
+    # A script counts from its first run of two letters: a lone letter is a symbol more often
+    # than not (α, β and π in a formula), garbage strings whole fragments of words.
     seen: dict[str, int] = {}
     offset = len(text) - len(window)
+    previous = None
     for index, char in enumerate(window):
         script = _script(char)
-        if script is not None and script not in seen:
-            seen[script] = offset + index
+        if script is not None and script == previous and script not in seen:
+            seen[script] = offset + index - 1
+        previous = script
     if len(seen) <= check.max_scripts:
         return None
     firsts = sorted(seen.values())
@@ -84,7 +99,19 @@ def find_script_mix(text: str, check: ScriptCheck) -> Degeneration | None:
 
 
 # Scripts one language writes together: Japanese mixes kana and kanji, Korean hangul and hanja.
-_EAST_ASIAN = {"CJK", "HIRAGANA", "KATAKANA", "HANGUL", "FULLWIDTH", "HALFWIDTH", "IDEOGRAPHIC"}
+_EAST_ASIAN = {
+    "CJK", "HIRAGANA", "KATAKANA", "KATAKANA-HIRAGANA", "HANGUL", "FULLWIDTH", "HALFWIDTH",
+    "IDEOGRAPHIC", "BOPOMOFO",
+}  # fmt: skip
+# Writing systems by the first word of their letters' Unicode names. Any other letter (letter-
+# like symbols: DOUBLE-STRUCK, MATHEMATICAL, MICRO, MODIFIER ...) belongs to none.
+_SCRIPTS = _EAST_ASIAN | {
+    "LATIN", "GREEK", "COPTIC", "CYRILLIC", "ARMENIAN", "HEBREW", "ARABIC", "SYRIAC", "THAANA",
+    "NKO", "DEVANAGARI", "BENGALI", "GURMUKHI", "GUJARATI", "ORIYA", "TAMIL", "TELUGU",
+    "KANNADA", "MALAYALAM", "SINHALA", "THAI", "LAO", "TIBETAN", "MYANMAR", "GEORGIAN",
+    "ETHIOPIC", "CHEROKEE", "CANADIAN", "OGHAM", "RUNIC", "KHMER", "MONGOLIAN", "YI", "TIFINAGH",
+    "JAVANESE", "BALINESE", "SUNDANESE", "TAGALOG", "VAI", "BAMUM", "ADLAM", "OL",
+}  # fmt: skip
 
 
 @lru_cache(maxsize=4096)
@@ -93,8 +120,10 @@ def _script(char: str) -> str | None:
     GEORGIAN, ...; the East Asian ones as one, CJK); None for what is not a letter."""
     if char.isascii():
         return "LATIN" if char.isalpha() else None
-    if not unicodedata.category(char).startswith("L"):
-        return None
+    if unicodedata.category(char) not in ("Lu", "Ll", "Lt", "Lo"):
+        return None  # Lm (modifier letters) and everything else: no script
     name = unicodedata.name(char, "")
-    script = name.split(" ", 1)[0] if name else None
+    script = name.split(" ", 1)[0] if name else ""
+    if script not in _SCRIPTS:
+        return None
     return "CJK" if script in _EAST_ASIAN else script

@@ -33,17 +33,12 @@ from gateway.request.body import (
     read_body,
     wants_stream,
 )
+from gateway.request.chain import NO_SERVER, open_chain
 from gateway.request.endpoint_choice import Saturation, endpoint_id, session_key
 from gateway.request.exchange import Exchange, usage_tokens
 from gateway.request.plan import assess, plan_route, route_headers
 from gateway.request.prompt_count import count_prompt
-from gateway.request.relay import (
-    NO_SERVER,
-    UpstreamStreamingResponse,
-    open_chain,
-    unless_client_leaves,
-    whole_response,
-)
+from gateway.request.relay import UpstreamStreamingResponse, unless_client_leaves, whole_response
 from gateway.request.resume import stream_resumer
 from gateway.request.upstream import aclose_quietly
 from gateway.runtime import Runtime, get_runtime

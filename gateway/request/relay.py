@@ -1,12 +1,12 @@
-"""Relaying one request to its chain of tiers: open, fall back, stream or read, close.
+"""Relaying a tier's answer to the client: stream or read, close.
 
-- ``open_chain`` tries the plan's tiers in order, each tier's endpoints in the order the
-  endpoint choice gave; a connect error or a 503 before the first byte moves on to the next
-  endpoint of the tier, then to the next tier. Once one has answered, that answer is the answer.
+- The tier is opened by ``open_chain`` (gateway/request/chain.py).
 - ``UpstreamStreamingResponse`` relays SSE bytes as they come (no buffering); a tier failing
-  mid-stream ends the stream with one SSE error event, never a second answer. However the
-  stream ends (done, failed, client gone) the upstream connection is closed, which makes vLLM
-  abort the generation, and the exchange it was handed is told (which finishes it).
+  mid-stream is continued on the next one when the request has a ``Resumer``
+  (gateway/request/resumable.py), else ends the stream with one SSE error event, never a second
+  answer. However the stream ends (done, failed, client gone) the upstream connection is
+  closed, which makes vLLM abort the generation, and the exchange it was handed is told (which
+  finishes it).
 - ``unless_client_leaves`` cancels a non-streamed exchange when the client disconnects.
 """
 
@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from contextlib import aclosing, nullcontext
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -27,79 +27,19 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.config import TierEndpoint
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError, error_body, sse_error_event
-from gateway.request.continuation import complete_events
+from gateway.request.chain import NO_SERVER, open_chain
 from gateway.request.exchange import Exchange, SSECounter
-from gateway.request.stream_watch import Degenerated
-from gateway.request.upstream import Upstream, UpstreamLost, UpstreamUnavailable, aclose_quietly
+from gateway.request.resumable import relay_resumable
+from gateway.request.upstream import Upstream, aclose_quietly
 
 if TYPE_CHECKING:
     from gateway.request.resume import Resumer
 
+__all__ = ["NO_SERVER", "UpstreamStreamingResponse", "open_chain", "relay_sse", "whole_response"]
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-NO_SERVER = "no model server is available; retry shortly"  # what clients are told
-
-
-async def open_chain(
-    upstream: Upstream,
-    tiers: list[list[TierEndpoint]],
-    body_for: Callable[[str], Any],
-    path: str,
-    headers: Mapping[str, str],
-    exchange: Exchange,
-    first_byte: float = float("inf"),
-) -> tuple[TierEndpoint, httpx.Response]:
-    """Open the request on the first endpoint that connects, answers within ``first_byte``
-    seconds and does not answer 503. ``tiers``: the chain, each tier as its endpoints in the
-    order to try (gateway/request/endpoint_choice.py; one for a single-server tier), so a
-    failing endpoint moves on to the next endpoint of its tier before the next tier. Returns
-    the endpoint that answered (its ``base_url`` is the endpoint's URL) and its response."""
-    failures: list[str] = []
-    for endpoints in tiers:
-        if not endpoints:
-            continue
-        await exchange.acquire(endpoints[0].name)
-        for tier in endpoints:
-            where = _where(tier, len(endpoints))
-            response = None
-            # No cancel scope for a whole answer (no first-byte bound): one costs CPU per request.
-            bound = nullcontext() if first_byte == float("inf") else anyio.move_on_after(first_byte)
-            try:
-                with bound:
-                    response = await upstream.send(tier, "POST", path, body_for(tier.name), headers)
-            except UpstreamLost:
-                failures.append(f"{where} went away before answering")
-                exchange.fell_back(tier.name, "lost")
-                continue
-            except UpstreamUnavailable:
-                failures.append(f"{where} unreachable")
-                exchange.fell_back(tier.name, "unreachable")
-                continue
-            if response is None:  # cancelling the send closed its connection: vLLM aborts
-                failures.append(f"{where} did not answer within {first_byte:g} s")
-                exchange.fell_back(tier.name, "timeout")
-                continue
-            if response.status_code == 503:
-                await aclose_quietly(response)
-                failures.append(f"{where} answered 503")
-                exchange.fell_back(tier.name, "503")
-                continue
-            return tier, response
-    await exchange.release()
-    raise APIError(
-        503,
-        f"no tier is available ({', '.join(failures) or 'no endpoint is ready'}); retry shortly",
-        SERVER_ERROR,
-        code="no_tier_available",
-        headers={"Retry-After": "5"},
-        public=NO_SERVER,
-    )
-
-
-def _where(endpoint: TierEndpoint, pool_size: int) -> str:
-    """A failure's place: the tier, and the endpoint when its pool has several."""
-    return endpoint.name if pool_size == 1 else f"{endpoint.name} at {endpoint.base_url}"
 
 
 def normalise_error(
@@ -183,76 +123,29 @@ async def relay_sse(
     counter: SSECounter | None = None,
     on_first_byte: Callable[[], None] | None = None,
     full: bool = True,
-    resumer: Resumer | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """Yield upstream bytes as they arrive; a failure mid-stream is continued on another tier
-    by ``resumer`` when it can be (gateway/request/resume.py), else ends with an SSE error
-    event. With a ``resumer``, only complete events are forwarded (a tier failing mid-event
-    leaves the client nothing it cannot read) and the forwarded events are kept."""
-    sent: list[bytes] | None = None if resumer is None else []
-    rewrite: Callable[[bytes], bytes] | None = None
+    """Yield upstream bytes as they arrive; a failure mid-stream ends with an SSE error event."""
     tail = b"\n\n"
-    preface = b""  # what goes before a continuation's events (the SSE comment saying so)
-    while True:
-        pending = b""
-        # A watched tier's text is checked and held back before it is sent (stream_watch.py).
-        watch = resumer.watch if resumer is not None and resumer.watches(tier) else None
-        try:
-            if preface:  # in the try: a client leaving here still closes the new response
-                yield preface
-            async with aclosing(upstream.iter_raw(tier, response)) as chunks:
-                async for chunk in chunks:
-                    if not chunk:
-                        continue
-                    if on_first_byte is not None:
+    try:
+        async with aclosing(upstream.iter_raw(tier, response)) as chunks:
+            async for chunk in chunks:
+                if chunk:
+                    if on_first_byte is not None and tail == b"\n\n":
                         on_first_byte()
                         on_first_byte = None
-                    if sent is not None:
-                        chunk, pending = complete_events(pending + chunk)
-                        if rewrite is not None:
-                            chunk = rewrite(chunk)
-                        if watch is not None:
-                            chunk = watch.feed(chunk)
-                        if chunk:
-                            sent.append(chunk)
-                        if watch is not None and watch.verdict is not None:
-                            if chunk:
-                                yield chunk
-                            raise Degenerated(tier.name, watch.verdict)
-                        if not chunk:
-                            continue
                     if counter is not None:
                         counter.feed(chunk)
                     tail = (tail + chunk)[-2:]
                     yield chunk
-            if watch is not None and (held := watch.flush()):
-                yield held
-            if pending and rewrite is None:
-                yield pending  # what followed the last event boundary, as the tier sent it
-            if counter is not None:
-                counter.completed = True
-            return
-        except APIError as exc:
-            going_on = None
-            if resumer is not None and sent is not None:
-                if resumer.watch is not None:
-                    resumer.watch.resume()
-                going_on = await resumer.resume(tier, sent, exc)
-            if going_on is None:
-                if counter is not None:
-                    counter.failure = exc.status
-                separator = b"" if tail == b"\n\n" else b"\n\n"
-                yield separator + sse_error_event(exc, full)
-                return
-        finally:
-            await aclose_quietly(response)
-        if going_on.tier is None or going_on.response is None:
-            if counter is not None:
-                counter.completed = True
-            yield going_on.closing
-            return
-        tier, response, rewrite = going_on.tier, going_on.response, going_on.rewrite
-        preface = going_on.closing
+        if counter is not None:
+            counter.completed = True
+    except APIError as exc:
+        if counter is not None:
+            counter.failure = exc.status
+        separator = b"" if tail == b"\n\n" else b"\n\n"
+        yield separator + sse_error_event(exc, full)
+    finally:
+        await aclose_quietly(response)
 
 
 class UpstreamStreamingResponse(StreamingResponse):
@@ -277,7 +170,12 @@ class UpstreamStreamingResponse(StreamingResponse):
         if exchange is not None:
             exchange.hand_to_stream()
             first_byte = exchange.first_byte
-        self._chunks = relay_sse(upstream, tier, response, self._counter, first_byte, full, resumer)
+        if resumer is None:
+            self._chunks = relay_sse(upstream, tier, response, self._counter, first_byte, full)
+        else:
+            self._chunks = relay_resumable(
+                upstream, tier, response, self._counter, first_byte, full, resumer
+            )
         super().__init__(
             self._chunks,
             status_code=response.status_code,

@@ -22,6 +22,7 @@ import httpx
 from gateway.config import TierEndpoint
 from gateway.errors import APIError
 from gateway.policy.escalation import EscalationPolicy
+from gateway.request.chain import open_chain
 from gateway.request.continuation import (
     CHAT,
     DONE,
@@ -34,8 +35,7 @@ from gateway.request.continuation import (
 )
 from gateway.request.exchange import Exchange
 from gateway.request.plan import Plan
-from gateway.request.prompt_count import PromptCounter
-from gateway.request.relay import open_chain
+from gateway.request.prompt_count import ByteCounter, PromptCounter
 from gateway.request.stream_watch import Degenerated, StreamWatch
 from gateway.request.upstream import Upstream, aclose_quietly
 
@@ -81,11 +81,13 @@ class Resumer:
         first_byte: float = float("inf"),
         escalation: EscalationPolicy | None = None,
         cls: str = "",
+        exact: bool = True,
     ) -> None:
         self.upstream, self.chain, self.body_for = upstream, chain, body_for
         self.path, self.headers, self.exchange = path, headers, exchange
         self.max_tokens_field, self.count_text, self.model = max_tokens_field, count_text, model
         self.first_byte, self.escalation, self.cls = first_byte, escalation, cls
+        self.exact = exact  # count_text is a tokenizer's count (not an upper bound)
         self.watch: StreamWatch | None = None
         if escalation is not None and escalation.tiers and cls in escalation.classes:
             self.watch = StreamWatch(
@@ -116,12 +118,14 @@ class Resumer:
             return None
         if sent.finished:  # the answer had ended: only its [DONE] was missing
             return Continuation(closing=b"" if b"[DONE]" in b"".join(sent_events) else DONE)
-        # Each event the tier sent held one token or more: the length asked for is used up
-        # only when they reach it. The next tier's budget is cut by the text's own count when
-        # that is more (it reads that many more tokens of prompt: its context must hold them).
+        # Each token event held one token or more; with a tokenizer the text's own count is
+        # the better estimate when larger (several tokens an event). Without one the count is
+        # the text's bytes, an upper bound: it only cuts the next tier's budget (it reads that
+        # many more tokens of prompt: its context must hold them).
         resent = self.count_text(sent.text) if sent.text else 0
-        generated = max(sent.events, resent)
-        if used_up(self.body_for(failed.name), sent.events, self.max_tokens_field):
+        generated = max(sent.events, resent) if self.exact else sent.events
+        budget_cut = max(sent.events, resent)
+        if used_up(self.body_for(failed.name), generated, self.max_tokens_field):
             self._record(failed, None, generated, error)
             return Continuation(closing=length_ending(sent, chat, self.model))
         rest = rest_of_chain(self.chain, failed)
@@ -131,7 +135,7 @@ class Resumer:
 
         def body(name: str) -> dict[str, Any]:
             return continuation_body(
-                self.body_for(name), self.path, sent, generated, self.max_tokens_field
+                self.body_for(name), self.path, sent, budget_cut, self.max_tokens_field
             )
 
         while any(rest):
@@ -140,13 +144,14 @@ class Resumer:
                     self.upstream, rest, body, self.path, self.headers, self.exchange,
                     self.first_byte,
                 )  # fmt: skip
-            except APIError:
+            except APIError:  # nothing answered: the request stays the failed tier's
+                self.exchange.tier = failed.name
                 return None
             if response.status_code == 200:
                 self._record(failed, tier, generated, error)
                 why = "failed" if verdict is None else f"degenerated ({verdict.kind})"
                 comment = f": answer continued on tier {tier.name} after tier {failed.name} {why}"
-                rewrite = Rewriter(sent, chat, generated, resent)
+                rewrite = Rewriter(sent, chat, generated, resent if self.exact else generated)
                 return Continuation(tier, response, rewrite, comment.encode() + b"\n\n")
             logger.warning(
                 "continuing a stream on %s: it answered HTTP %s", tier.name, response.status_code
@@ -187,4 +192,5 @@ def stream_resumer(
         upstream, chain, lambda name: plan.body_for(name, body), path, headers, exchange,
         max_tokens_field=plan.max_tokens_field, count_text=counter.count_text, model=model,
         first_byte=first_byte, escalation=escalation, cls=plan.cls,
+        exact=not isinstance(counter, ByteCounter),
     )  # fmt: skip

@@ -21,12 +21,15 @@ from typing import Any
 from gateway.errors import SERVER_ERROR, APIError
 from gateway.request.continuation import event_data
 from gateway.request.degeneration import (
+    LOOKBACK,
     Degeneration,
     LoopCheck,
     ScriptCheck,
     find_loop,
     find_script_mix,
 )
+
+KEEP = 2 * LOOKBACK  # characters of the answer's tail kept for the checks (plus the holdback)
 
 
 @dataclass
@@ -44,35 +47,49 @@ class StreamWatch:
         self, loop: LoopCheck | None, scripts: ScriptCheck | None, holdback: int, chat: bool
     ) -> None:
         self.loop, self.scripts, self.holdback, self.chat = loop, scripts, holdback, chat
-        self.text = ""  # the answer's text: sent, then held
-        self.sent = 0  # characters of it the client has
+        # The answer's text (sent, then held) is kept as its tail: ``text`` starts at character
+        # ``_base`` of the answer. Positions (``sent``, the held spans, cuts) count from the
+        # answer's start.
+        self.text = ""
+        self._base = 0
+        self.sent = 0  # characters of the answer the client has
         self._held: list[_Held] = []
         self.verdict: Degeneration | None = None
+        self._keep = KEEP + holdback
+
+    @property
+    def end(self) -> int:
+        """Characters of the answer so far."""
+        return self._base + len(self.text)
 
     def feed(self, events: bytes) -> bytes:
         """Complete events in, the events that may go to the client now out."""
         ending = False
         for data in event_data(events):
             event, text, last = self._read(data)
-            start = len(self.text)
+            start = self.end
             self.text += text
-            self._held.append(_Held(b"data: " + data + b"\n\n", event, start, len(self.text)))
+            self._held.append(_Held(b"data: " + data + b"\n\n", event, start, self.end))
             ending = ending or last
             if text:
                 verdict = self._check()
                 if verdict is not None:
                     return self._cut(verdict)
-        return self._release(len(self.text) if ending else len(self.text) - self.holdback)
+        out = self._release(self.end if ending else self.end - self.holdback)
+        if len(self.text) > 2 * self._keep:  # a bounded tail: the checks read no further back
+            drop = min(len(self.text) - self._keep, self.sent - self._base)
+            self.text, self._base = self.text[drop:], self._base + drop
+        return out
 
     def flush(self) -> bytes:
         """The stream ended without a finish: everything held may go."""
-        return self._release(len(self.text))
+        return self._release(self.end)
 
     def resume(self) -> None:
         """The answer goes on on another tier from the text sent: what was held is dropped
         (never sent), the verdict forgotten."""
         self._held = []
-        self.text = self.text[: self.sent]
+        self.text = self.text[: self.sent - self._base]
         self.verdict = None
 
     def _read(self, data: bytes) -> tuple[dict[str, Any] | None, str, bool]:
@@ -93,13 +110,13 @@ class StreamWatch:
         return (event if text else None), text, bool(choice.get("finish_reason"))
 
     def _check(self) -> Degeneration | None:
-        if self.loop is not None:
-            found = find_loop(self.text, self.loop)
-            if found is not None:
-                return found
-        if self.scripts is not None:
-            return find_script_mix(self.text, self.scripts)
-        return None
+        """A verdict on the text kept, its cut counted from the answer's start."""
+        found = find_loop(self.text, self.loop) if self.loop is not None else None
+        if found is None and self.scripts is not None:
+            found = find_script_mix(self.text, self.scripts)
+        if found is None:
+            return None
+        return Degeneration(found.kind, self._base + found.cut, found.detail)
 
     def _release(self, upto: int) -> bytes:
         out = []
@@ -118,7 +135,7 @@ class StreamWatch:
             elif held.start < cut and held.event is not None:
                 out.append(self._shortened(held, cut))
         self._held = []
-        self.text = self.text[:cut]
+        self.text = self.text[: cut - self._base]
         self.sent = cut
         self.verdict = Degeneration(verdict.kind, cut, verdict.detail)
         return b"".join(out)
@@ -127,7 +144,7 @@ class StreamWatch:
         assert held.event is not None
         event = dict(held.event)
         choice = dict(event["choices"][0])
-        kept = self.text[held.start : cut]
+        kept = self.text[held.start - self._base : cut - self._base]
         if self.chat:
             choice["delta"] = {**choice.get("delta", {}), "content": kept}
         else:

@@ -55,7 +55,7 @@ def test_a_tier_killed_under_streamed_load_costs_no_client_an_error(stack: Stack
         return tier
 
     try:
-        result = soak(stack.gateway_url, MODEL, clients=3, seconds=30.0, kill_every=8.0, kill=kill)
+        result = soak(stack.gateway_url, MODEL, clients=3, seconds=20.0, kill_every=5.0, kill=kill)
         print(render(result))
         assert result.kills[0] == tier, result.kills
         assert result.sent >= 10, result

@@ -19,6 +19,13 @@ ORDINARY = [
     "東京は日本の首都です。カタカナとひらがなと漢字を使います。",  # kanji, kana: one script group
     "Москва — столица России. Moscow is the capital of Russia.",  # two scripts
     "Ha ha ha! That was funny.",
+    "このAPIはサーバーで動きます。",  # kana, kanji, Latin and the prolonged-sound mark
+    "Let x ∈ ℝ, 𝑥 = 2 µm. Україна's ʼ apostrophe.",  # letter-like symbols: no script
+    "Пусть α > 0 and the angle β = π/2.",  # lone Greek letters are symbols
+    "-" * 60 + "\n" + "=" * 60 + "\n" + "." * 60,
+    "0x" + "0" * 60,
+    "[" + "0, " * 30 + "0]",
+    "| --- " * 12 + "|\n" + "| 1 " * 20 + "|",
 ]
 
 
@@ -38,11 +45,19 @@ def test_a_loop_is_cut_after_its_first_occurrence() -> None:
     assert text[found.cut : -3] == text[found.cut + 3 :]  # all that is dropped is the loop
 
 
+def test_a_loop_is_cut_after_its_first_whole_occurrence_whatever_the_phase() -> None:
+    text = "Answer:" + " Paris" * 7  # the check's span starts mid-unit
+    found = find_loop(text, LOOP)
+    assert found is not None and text[: found.cut] == "Answer: Paris"
+
+
 def test_a_repeated_sentence_is_a_loop() -> None:
     sentence = "I am a helpful assistant. "
     found = find_loop("Sure! " + sentence * 4, LOOP)
     assert found is not None
-    assert ("Sure! " + sentence * 4)[: found.cut] == "Sure! " + sentence
+    # The repetition starts one character early (the space before the first "I"): the unit
+    # kept is " I am a helpful assistant." in that phase.
+    assert ("Sure! " + sentence * 4)[: found.cut] == "Sure! " + sentence.rstrip()
 
 
 def test_a_loop_shorter_than_the_thresholds_is_not_one() -> None:
@@ -55,8 +70,8 @@ def test_many_scripts_in_the_window_are_a_mix_cut_at_the_third() -> None:
     text = "The answer is Promachevredjacouter ბა%(Β¥#ינגערא"
     found = find_script_mix(text, SCRIPTS)
     assert found is not None and found.kind == "scripts"
-    assert text[: found.cut] == "The answer is Promachevredjacouter ბა%("  # Greek is the third
-    assert "LATIN, GEORGIAN, GREEK, HEBREW" in found.detail
+    assert text[: found.cut] == "The answer is Promachevredjacouter ბა%(Β¥#"  # Hebrew: third
+    assert "LATIN, GEORGIAN, HEBREW" in found.detail  # a lone Greek letter is no script
 
 
 def test_the_checks_read_a_bounded_tail_whatever_the_length() -> None:

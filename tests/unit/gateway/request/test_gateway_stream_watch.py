@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from gateway.request.degeneration import LoopCheck, ScriptCheck
-from gateway.request.stream_watch import StreamWatch
+from gateway.request.stream_watch import KEEP, StreamWatch
 
 MODEL = "stub-model"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Capital of France?"}]}
@@ -67,9 +67,9 @@ def test_a_verdict_never_takes_back_what_was_sent() -> None:
 
 def test_garbage_scripts_are_cut_at_the_third_script() -> None:
     w = watch(holdback=40)
-    out = w.feed(chunk("Paris est ") + chunk("ბა%(Β¥"))
+    out = w.feed(chunk("Paris est ") + chunk("ბა%(Β¥#ינג"))
     assert w.verdict is not None and w.verdict.kind == "scripts"
-    assert texts(out) == "Paris est ბა%("
+    assert texts(out) == "Paris est ბა%(Β¥#"
 
 
 def test_resume_drops_what_was_held() -> None:
@@ -137,3 +137,42 @@ def test_unwatched_tiers_and_healthy_answers_pass_unchanged(
     watched = start_gateway(looping.url, healthy.url, policy_path=policy, watch_policy=False)
     text = _content(_stream(client, f"{watched}/v1/chat/completions"))
     assert text == "The capital of France is Paris." and healthy.requests == []
+
+
+def test_the_degenerate_tier_is_closed_not_left_generating(
+    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+) -> None:
+    looping, healthy = make_stub(), make_stub()
+    looping.mode = "slow"  # a chunk every 50 ms: it would go on generating unless closed
+    looping.stream_texts = ["Hi ", *["KISS"] * 100]
+    policy = _policy(tmp_path, "{tiers: [t0], holdback_chars: 64}")
+    gateway = start_gateway(looping.url, healthy.url, policy_path=policy, watch_policy=False)
+    assert _content(_stream(client, f"{gateway}/v1/chat/completions")).startswith("Hi KISSw0")
+    assert looping.stream_cancelled.wait(10)  # its connection closed: vLLM would abort
+    assert not looping.stream_finished.is_set()
+
+
+def test_held_text_reaches_the_client_when_no_tier_can_continue(
+    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any, refused_url: str
+) -> None:
+    dying = make_stub()
+    dying.mode = "die"  # two chunks, then the connection drops
+    dying.stream_texts = ["Hello ", "there ", "friend"]
+    policy = _policy(tmp_path, "{tiers: [t0], holdback_chars: 64}")  # both chunks held
+    gateway = start_gateway(dying.url, refused_url, policy_path=policy, watch_policy=False)
+    with client.stream(
+        "POST", f"{gateway}/v1/chat/completions", json={**CHAT, "stream": True}
+    ) as answer:
+        lines = [line for line in answer.iter_lines() if line]
+    payloads = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert "error" in payloads[-1] and lines[-1] == "data: [DONE]"
+    text = "".join(p["choices"][0]["delta"].get("content") or "" for p in payloads[:-1])
+    assert text == "Hello there "
+
+
+def test_the_watch_keeps_a_bounded_tail_of_a_long_answer() -> None:
+    w = watch(holdback=10)
+    for i in range(60_000):
+        w.feed(chunk(f"w{i} "))
+    assert w.end == sum(len(f"w{i} ") for i in range(60_000)) and w.verdict is None
+    assert len(w.text) <= 2 * (KEEP + 10)

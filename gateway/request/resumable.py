@@ -1,0 +1,99 @@
+"""Relaying a stream that can be continued on another tier (its request has a ``Resumer``).
+
+Unlike the plain relay (gateway/request/relay.py ``relay_sse``), only complete SSE events are
+forwarded, and they are kept: when the tier fails (its connection breaks, or it sends an
+error event of its own, as vLLM does when its engine dies) or a watched tier's text
+degenerates (gateway/request/stream_watch.py), the failed response is closed first (the tier
+stops generating), then the ``Resumer`` (gateway/request/resume.py) opens the continuation on
+the next endpoint or tier, whose events are rewritten into the same answer
+(gateway/request/continuation.py). With nothing left to continue on, the stream ends as the
+plain relay ends it: what was held back, then one SSE error event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from typing import TYPE_CHECKING
+
+import httpx
+
+from gateway.config import TierEndpoint
+from gateway.errors import APIError, sse_error_event
+from gateway.request.continuation import complete_events, split_error
+from gateway.request.exchange import SSECounter
+from gateway.request.stream_watch import Degenerated
+from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly
+
+if TYPE_CHECKING:
+    from gateway.request.resume import Resumer
+
+
+async def relay_resumable(
+    upstream: Upstream,
+    tier: TierEndpoint,
+    response: httpx.Response,
+    counter: SSECounter,
+    on_first_byte: Callable[[], None] | None,
+    full: bool,
+    resumer: Resumer,
+) -> AsyncGenerator[bytes, None]:
+    """Yield the answer's complete events, continuing it on another tier when its own fails
+    (see the module docstring)."""
+    sent: list[bytes] = []  # every event block the client was sent
+    rewrite: Callable[[bytes], bytes] | None = None
+    preface = b""  # what goes before a continuation's events (the SSE comment saying so)
+    while True:
+        watch = resumer.watch if resumer.watches(tier) else None
+        pending = b""
+        try:
+            if preface:  # in the try: a client leaving here still closes the new response
+                yield preface
+            async with aclosing(upstream.iter_raw(tier, response)) as chunks:
+                async for chunk in chunks:
+                    if not chunk:
+                        continue
+                    if on_first_byte is not None:
+                        on_first_byte()
+                        on_first_byte = None
+                    events, pending = complete_events(pending + chunk)
+                    events, failure = split_error(events)
+                    if rewrite is not None:
+                        events = rewrite(events)
+                    if watch is not None:
+                        events = watch.feed(events)
+                    if events:
+                        sent.append(events)
+                        counter.feed(events)
+                        yield events
+                    if failure is not None:
+                        raise UpstreamFailed(tier.name, f"it sent an error event: {failure}")
+                    if watch is not None and watch.verdict is not None:
+                        raise Degenerated(tier.name, watch.verdict)
+            rest = (watch.flush() if watch is not None else b"") + (pending if not rewrite else b"")
+            if rest:  # held text, and what followed the last event boundary
+                counter.feed(rest)
+                yield rest
+            counter.completed = True
+            return
+        except APIError as exc:
+            await aclose_quietly(response)  # the failed tier stops before the next one starts
+            going_on = await resumer.resume(tier, sent, exc)
+            if going_on is None:
+                held = watch.flush() if watch is not None else b""
+                counter.feed(held)
+                counter.failure = exc.status
+                separator = b"" if not sent or sent[-1].endswith(b"\n\n") else b"\n\n"
+                yield held + separator + sse_error_event(exc, full)
+                return
+            if resumer.watch is not None:
+                resumer.watch.resume()  # what it held was never sent: forget it
+        finally:
+            await aclose_quietly(response)
+        if going_on.tier is None or going_on.response is None:  # the answer ends here
+            counter.feed(going_on.closing)
+            counter.completed = True
+            yield going_on.closing
+            return
+        tier, response, rewrite = going_on.tier, going_on.response, going_on.rewrite
+        preface = going_on.closing
