@@ -267,10 +267,23 @@ class Rewriter:
             if not kept and not event.get("usage"):
                 return None
             event["choices"] = kept
+        elif not self.chat and isinstance(choices, list):
+            event["choices"] = [self._offsets(choice) for choice in choices]
         usage = event.get("usage")
         if isinstance(usage, dict):
             event["usage"] = self._usage(usage)
         return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
+
+    def _offsets(self, choice: Any) -> Any:
+        """A completion choice's ``logprobs.text_offset`` counted from the answer's start (the
+        next tier counts from where it took over)."""
+        logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+        if not isinstance(logprobs, dict) or not isinstance(logprobs.get("text_offset"), list):
+            return choice
+        offsets = logprobs["text_offset"]
+        shift = len(self.sent.text)
+        moved = [o + shift if isinstance(o, int) else o for o in offsets]
+        return {**choice, "logprobs": {**logprobs, "text_offset": moved}}
 
     def _usage(self, usage: dict[str, Any]) -> dict[str, Any]:
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")

@@ -205,3 +205,13 @@ def test_the_rewriter_passes_completions_text_and_errors_through() -> None:
     assert json.loads(out.removeprefix(b"data: "))["choices"][0]["text"] == ","
     error = event({"error": {"message": "boom"}})
     assert rewrite(error) == error
+
+
+def test_the_rewriter_counts_completion_text_offsets_from_the_answers_start() -> None:
+    rewrite = Rewriter(Sent("c-1", 3, "2+2=4", 3), chat=False, generated=3, resent=3)
+    logprobs = {"text_offset": [0, 1], "tokens": [",", " 5"], "token_logprobs": [-0.1, -0.2]}
+    out = rewrite(
+        event({"id": "x", "choices": [{"index": 0, "text": ", 5", "logprobs": logprobs}]})
+    )
+    moved = json.loads(out.removeprefix(b"data: "))["choices"][0]["logprobs"]
+    assert moved["text_offset"] == [5, 6] and moved["tokens"] == [",", " 5"]
