@@ -150,7 +150,8 @@ class GatewayMetrics:
         )
         self.guard_trips = Counter(
             "gateway_live_guard_trips_total",
-            "Times the live guard withheld a tier from a class (shadow agreement below floor).",
+            "Times the live guard withheld a tier from a class (shadow agreement below floor, or "
+            "too many escalations).",
             ["tier", "class"],
             registry=reg,
         )

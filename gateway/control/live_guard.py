@@ -9,6 +9,11 @@ back only when an operator restores it (``POST /admin/tiers/{tier}/restore``), w
 to follow a fresh in-engine check (``model-optimizer check --serving``); its window starts
 empty then.
 
+Escalations feed it too (``escalation.guard`` in the policy; gateway/request/proxy.py): each
+watched stream of a tier adds 1 (it finished) or 0 (it degenerated and was escalated) to a
+window of its own (``source="escalation"``) with the floor ``1 - max_rate``; a tier that keeps
+escalating a class is withheld from it the same way.
+
 Agreement here is the shadow metric (the common prefix of two greedy answers over the longer
 one, at most ``shadow.max_tokens`` tokens), much stricter than the admission check's
 teacher-forced agreement: floors are set on its own scale.
@@ -32,37 +37,46 @@ class GuardSettings:
 class LiveGuard:
     """Windows of recent agreements and the (tier, class) pairs withheld."""
 
-    _windows: dict[tuple[str, str], deque[float]] = field(default_factory=dict)
+    _windows: dict[tuple[str, str, str], deque[float]] = field(default_factory=dict)
     withheld: dict[str, set[str]] = field(default_factory=dict)
 
-    def record(self, settings: GuardSettings, tier: str, cls: str, agreement: float) -> bool:
-        """Add one comparison; ``True`` when it withholds ``tier`` from ``cls`` just now."""
+    def record(
+        self,
+        settings: GuardSettings,
+        tier: str,
+        cls: str,
+        agreement: float,
+        source: str = "shadow",
+    ) -> bool:
+        """Add one comparison (or, from ``source`` "escalation", one watched stream's outcome);
+        ``True`` when it withholds ``tier`` from ``cls`` just now."""
         floor = settings.floors.get(cls)
         if floor is None or cls in self.withheld.get(tier, set()):
             return False
-        window = self._windows.get((tier, cls))
+        key = (tier, cls, source)
+        window = self._windows.get(key)
         if window is None or window.maxlen != settings.window:
             window = deque(window or (), maxlen=settings.window)
-            self._windows[(tier, cls)] = window
+            self._windows[key] = window
         window.append(agreement)
-        if len(window) < settings.min_samples or self.mean(tier, cls) >= floor:
+        if len(window) < settings.min_samples or self.mean(tier, cls, source) >= floor:
             return False
         self.withheld.setdefault(tier, set()).add(cls)
         return True
 
-    def mean(self, tier: str, cls: str) -> float:
-        window = self._windows.get((tier, cls))
+    def mean(self, tier: str, cls: str, source: str = "shadow") -> float:
+        window = self._windows.get((tier, cls, source))
         return sum(window) / len(window) if window else 1.0
 
-    def samples(self, tier: str, cls: str) -> int:
-        window = self._windows.get((tier, cls))
+    def samples(self, tier: str, cls: str, source: str = "shadow") -> int:
+        window = self._windows.get((tier, cls, source))
         return len(window) if window else 0
 
     def restore(self, tier: str) -> list[str]:
         """Put ``tier`` back in every class it was withheld from; its windows start empty."""
         classes = sorted(self.withheld.pop(tier, set()))
-        for cls in classes:
-            self._windows.pop((tier, cls), None)
+        for key in [key for key in self._windows if key[0] == tier and key[1] in classes]:
+            del self._windows[key]
         return classes
 
     def classes_withheld(self, tier: str) -> frozenset[str]:

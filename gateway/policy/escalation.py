@@ -42,6 +42,16 @@ class ScriptsRule(Section):
         return ScriptCheck(self.window_chars, self.max_scripts)
 
 
+class EscalationGuard(Section):
+    """The live guard over escalations: a tier whose watched streams of a class escalated more
+    than ``max_rate`` of the last ``window`` (at least ``min_samples``) is withheld from the
+    class until an operator restores it. No ``max_rate``: off."""
+
+    window: PositiveInt = 50
+    min_samples: PositiveInt = 20
+    max_rate: float | None = Field(default=None, ge=0, lt=1)
+
+
 class EscalationPolicy(Section):
     """See policies/routing.yaml for each field."""
 
@@ -50,6 +60,7 @@ class EscalationPolicy(Section):
     holdback_chars: int = Field(default=48, ge=0)
     loop: LoopRule | None = Field(default_factory=LoopRule)
     scripts: ScriptsRule | None = Field(default_factory=ScriptsRule)
+    guard: EscalationGuard = Field(default_factory=EscalationGuard)
 
     def watches(self, tier: str, cls: str) -> bool:
         """Whether a ``cls`` answer streamed by ``tier`` is watched."""

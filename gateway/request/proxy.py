@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from backends.tier_state import TierState
+from gateway.control.live_guard import GuardSettings
 from gateway.control.shadow import ShadowJob
 from gateway.errors import DETAIL, FULL_DETAIL, SERVER_ERROR, APIError, full_detail
 from gateway.policy.schema import RoutingPolicy
@@ -177,6 +178,7 @@ async def _completion(
             resumer = stream_resumer(
                 runtime.upstream, tiers, plan, body, path, headers, exchange, runtime.counter,
                 config.model_name, first_byte, active.policy.escalation,
+                partial(guard_escalations, runtime, plan.cls),
             )  # fmt: skip
             stream = UpstreamStreamingResponse(
                 runtime.upstream, tier, response, answer_headers, exchange, full, resumer
@@ -205,6 +207,26 @@ def _current(exchange: Exchange) -> AbstractContextManager[object]:
     if exchange.owns_span:
         return trace.use_span(exchange.span, end_on_exit=False)
     return nullcontext()
+
+
+def guard_escalations(runtime: Runtime, cls: str, tier: str, degenerated: bool) -> None:
+    """Feed a watched stream's outcome to the live guard (the policy's ``escalation.guard``;
+    gateway/control/live_guard.py); a tier it withholds from a class is logged and counted."""
+    guard = runtime.policies.active.policy.escalation.guard
+    if guard.max_rate is None:
+        return
+    settings = GuardSettings(guard.window, guard.min_samples, {cls: 1 - guard.max_rate})
+    outcome = 0.0 if degenerated else 1.0
+    if not runtime.board.guard.record(settings, tier, cls, outcome, source="escalation"):
+        return
+    rate = 1 - runtime.board.guard.mean(tier, cls, "escalation")
+    samples = runtime.board.guard.samples(tier, cls, "escalation")
+    logger.warning(
+        "live guard: tier %s withheld from class %s (%.0f%% of its last %d watched streams "
+        "escalated > %.0f%%); restore it after a fresh check: POST /admin/tiers/%s/restore",
+        tier, cls, rate * 100, samples, guard.max_rate * 100, tier,
+    )  # fmt: skip
+    runtime.metrics.guard_trip(tier, cls)
 
 
 def saturation_limits(policy: RoutingPolicy) -> Saturation:

@@ -69,7 +69,10 @@ async def relay_resumable(
                     if failure is not None:
                         raise UpstreamFailed(tier.name, f"it sent an error event: {failure}")
                     if watch is not None and watch.verdict is not None:
+                        resumer.watched(tier, degenerated=True)
                         raise Degenerated(tier.name, watch.verdict)
+            if watch is not None:
+                resumer.watched(tier, degenerated=False)
             rest = (watch.flush() if watch is not None else b"") + (pending if not rewrite else b"")
             if rest:  # held text, and what followed the last event boundary
                 counter.feed(rest)

@@ -82,12 +82,14 @@ class Resumer:
         escalation: EscalationPolicy | None = None,
         cls: str = "",
         exact: bool = True,
+        on_watched: Callable[[str, bool], None] | None = None,
     ) -> None:
         self.upstream, self.chain, self.body_for = upstream, chain, body_for
         self.path, self.headers, self.exchange = path, headers, exchange
         self.max_tokens_field, self.count_text, self.model = max_tokens_field, count_text, model
         self.first_byte, self.escalation, self.cls = first_byte, escalation, cls
         self.exact = exact  # count_text is a tokenizer's count (not an upper bound)
+        self.on_watched = on_watched  # (tier, degenerated) of each watched stream: the guard
         self.watch: StreamWatch | None = None
         if escalation is not None and escalation.tiers and cls in escalation.classes:
             self.watch = StreamWatch(
@@ -96,6 +98,11 @@ class Resumer:
                 escalation.holdback_chars,
                 path == CHAT,
             )
+
+    def watched(self, tier: TierEndpoint, degenerated: bool) -> None:
+        """A watched stream of ``tier`` finished, or degenerated (the live guard hears it)."""
+        if self.on_watched is not None:
+            self.on_watched(tier.name, degenerated)
 
     def watches(self, tier: TierEndpoint) -> bool:
         """Whether ``tier``'s stream is watched: the policy says so and a later tier of the
@@ -183,6 +190,7 @@ def stream_resumer(
     model: str,
     first_byte: float,
     escalation: EscalationPolicy | None = None,
+    on_watched: Callable[[str, bool], None] | None = None,
 ) -> Resumer | None:
     """The resumer of a streamed request, or None when its answer could not be continued."""
     why_not = unresumable(body, path)
@@ -192,5 +200,5 @@ def stream_resumer(
         upstream, chain, lambda name: plan.body_for(name, body), path, headers, exchange,
         max_tokens_field=plan.max_tokens_field, count_text=counter.count_text, model=model,
         first_byte=first_byte, escalation=escalation, cls=plan.cls,
-        exact=not isinstance(counter, ByteCounter),
+        exact=not isinstance(counter, ByteCounter), on_watched=on_watched,
     )  # fmt: skip

@@ -176,3 +176,25 @@ def test_the_watch_keeps_a_bounded_tail_of_a_long_answer() -> None:
         w.feed(chunk(f"w{i} "))
     assert w.end == sum(len(f"w{i} ") for i in range(60_000)) and w.verdict is None
     assert len(w.text) <= 2 * (KEEP + 10)
+
+
+def test_a_tier_that_keeps_escalating_a_class_is_withheld_from_it(
+    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+) -> None:
+    looping, healthy = make_stub(), make_stub()
+    looping.stream_texts = ["Hi ", *["KISS"] * 30]
+    guard = "{window: 4, min_samples: 2, max_rate: 0.5}"
+    policy = _policy(tmp_path, f"{{tiers: [t0], holdback_chars: 64, guard: {guard}}}")
+    gateway = start_gateway(looping.url, healthy.url, policy_path=policy, watch_policy=False)
+    url = f"{gateway}/v1/chat/completions"
+    for _ in range(2):  # two of two watched streams escalated: over the 50 % allowed
+        assert ": answer continued on tier t1 after tier t0 degenerated (loop)" in _stream(
+            client, url
+        )
+    asked = len(looping.requests)
+    with client.stream("POST", url, json={**CHAT, "stream": True}) as answer:
+        assert answer.headers["x-route-tier"] == "t1"  # t0 withheld from the class
+        answer.read()
+    assert len(looping.requests) == asked
+    metrics = client.get(f"{gateway}/metrics").text
+    assert 'gateway_live_guard_trips_total{class="tolerant",tier="t0"} 1.0' in metrics
