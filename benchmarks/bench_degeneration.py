@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from gateway.policy.escalation import EscalationPolicy  # noqa: E402
 from gateway.policy.schema import load_policy  # noqa: E402
+from gateway.request.continuation import complete_events  # noqa: E402
 from gateway.request.stream_watch import StreamWatch  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -64,11 +65,9 @@ def watch_answer(
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=300) as answer:
         answer.raise_for_status()
         for chunk in answer.iter_raw():
-            pending += chunk
-            cut = pending.rfind(b"\n\n") + 2
-            if cut < 2:
+            events, pending = complete_events(pending + chunk)
+            if not events:
                 continue
-            events, pending = pending[:cut], pending[cut:]
             watch.feed(events)
             if watch.verdict is not None:
                 break

@@ -24,7 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-CHAT = "/v1/chat/completions"
+from gateway.request.prompt_count import CHAT
+
 DONE = b"data: [DONE]\n\n"
 _BOUNDARIES = (b"\n\n", b"\r\n\r\n")
 # Request fields whose meaning does not survive a continuation: the grammar of structured

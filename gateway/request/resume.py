@@ -24,7 +24,6 @@ from gateway.errors import APIError
 from gateway.policy.escalation import EscalationPolicy
 from gateway.request.chain import open_chain
 from gateway.request.continuation import (
-    CHAT,
     DONE,
     Rewriter,
     continuation_body,
@@ -35,7 +34,7 @@ from gateway.request.continuation import (
 )
 from gateway.request.exchange import Exchange
 from gateway.request.plan import Plan
-from gateway.request.prompt_count import ByteCounter, PromptCounter
+from gateway.request.prompt_count import CHAT, ByteCounter, PromptCounter
 from gateway.request.stream_watch import Degenerated, StreamWatch
 from gateway.request.upstream import Upstream, aclose_quietly
 
