@@ -310,9 +310,15 @@ def find_tokenizer_dir() -> Path | None:
 
 
 def write_gateway_config(
-    workdir: Path, upstream: str, model: str, tokenizer: Path | None, redis_prefix: str | None
+    workdir: Path,
+    upstream: str,
+    model: str,
+    tokenizer: Path | None,
+    redis_prefix: str | None,
+    whole_answers: str = "regenerate",
 ) -> Path:
-    """The policy (shipped classifier rules, one tier) once, and a GatewayConfig per variant."""
+    """The policy (shipped classifier rules, one tier; ``whole_answers``: the policy's
+    ``failover.whole_answers``) once, and a GatewayConfig per variant."""
     policy_path = workdir / "routing.yaml"
     if not policy_path.exists():
         shipped = yaml.safe_load((ROOT / "policies" / "routing.yaml").read_text(encoding="utf-8"))
@@ -320,6 +326,7 @@ def write_gateway_config(
             "tiers": ["fp16"],
             "classes": shipped["classes"],
             "routes": {cls: ["fp16"] for cls in ("tolerant", "code", "math", "long")},
+            "failover": {"whole_answers": whole_answers},
         }
         policy_path.write_text(yaml.safe_dump(policy, sort_keys=False), encoding="utf-8")
         load_policy(policy_path)  # a PolicyError here is this script's bug: say so early

@@ -2,7 +2,7 @@
 
     ./mo setup && $(python3 -m model_optimizer.envs path gateway)/bin/python \\
         benchmarks/gateway_instructions.py [--requests 200] [--stream] [--redis] [--keep]
-        [--trace-ratio 1]
+        [--trace-ratio 1] [--whole-answers regenerate|continue]
 
 Wall-clock latency on a shared 2-core VM moves by half between runs minutes apart (see
 docs/benchmarks.md#gateway-overhead); the number of instructions a request costs does not
@@ -80,6 +80,12 @@ def main() -> int:
     parser.add_argument(
         "--trace-ratio", type=float, default=1.0, help="share of requests traced (default 1)"
     )
+    parser.add_argument(
+        "--whole-answers",
+        choices=("regenerate", "continue"),
+        default="regenerate",
+        help="the policy's failover.whole_answers (continue: whole answers asked as streams)",
+    )
     args = parser.parse_args()
     if args.requests < 1:
         parser.error("--requests must be positive")
@@ -100,7 +106,7 @@ def main() -> int:
             raise SystemExit(f"stub upstream did not start: {why}")
         prefix = "mo:instr" if args.redis else None
         config = write_gateway_config(
-            workdir, upstream, DEFAULT_SERVED_NAME, find_tokenizer_dir(), prefix
+            workdir, upstream, DEFAULT_SERVED_NAME, find_tokenizer_dir(), prefix, args.whole_answers
         )
         dump = workdir / "callgrind.out"
         cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
@@ -123,7 +129,7 @@ def main() -> int:
         if not dumps:
             raise SystemExit(f"no callgrind dump in {workdir}")
         total = total_instructions(dumps[-1])
-        mode = "streamed" if args.stream else "whole"
+        mode = "streamed" if args.stream else f"whole, {args.whole_answers}"
         state = "Redis" if args.redis else "local state"
         if args.trace_ratio < 1:
             state += f", a share of {args.trace_ratio:g} traced"

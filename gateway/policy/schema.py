@@ -20,6 +20,9 @@ Sections:
   bounds on the fields that multiply a request's cost (n, best_of, list prompts, logprobs,
   prompt logprobs, tools; gateway/request/costs.py).
 - ``pinning``: whether a request header may pin a tier.
+- ``failover``: whether a whole (non-streamed) answer whose tier fails midway is continued on
+  the next tier from where it stopped (asked as a stream and assembled,
+  gateway/request/assemble.py) or generated again.
 - ``errors``: how much a client is told: ``minimal`` (no tier names, addresses or failures in
   error messages, no ``x-route-reason``) or ``full`` (gateway/errors.py).
 - ``resets``: when the gateway may drain a tier and reset its KV pool (time-of-day windows, a
@@ -167,6 +170,17 @@ class TimeoutsPolicy(Section):
     """How long a tier may take before the chain moves on (see policies/routing.yaml)."""
 
     first_byte_seconds: PositiveFloat = 120.0  # streamed requests only
+
+
+class FailoverPolicy(Section):
+    """How an answer whose tier fails midway goes on (see policies/routing.yaml)."""
+
+    whole_answers: Literal["continue", "regenerate"] = "regenerate"
+
+    @property
+    def assembles(self) -> bool:
+        """Whether whole answers are asked as streams and assembled (request/assemble.py)."""
+        return self.whole_answers == "continue"
 
 
 class ErrorsPolicy(Section):
@@ -327,6 +341,7 @@ class RoutingPolicy(Section):
     limits: LimitsPolicy = Field(default_factory=LimitsPolicy)
     pinning: PinningPolicy = Field(default_factory=PinningPolicy)
     timeouts: TimeoutsPolicy = Field(default_factory=TimeoutsPolicy)
+    failover: FailoverPolicy = Field(default_factory=FailoverPolicy)
     errors: ErrorsPolicy = Field(default_factory=ErrorsPolicy)
     resets: ResetsPolicy = Field(default_factory=ResetsPolicy)
     shadow: ShadowPolicy = Field(default_factory=ShadowPolicy)

@@ -26,6 +26,7 @@ from gateway.control.live_guard import GuardSettings
 from gateway.control.shadow import ShadowJob
 from gateway.errors import DETAIL, FULL_DETAIL, SERVER_ERROR, APIError, full_detail
 from gateway.policy.schema import RoutingPolicy
+from gateway.request.assemble import as_stream, assemblable
 from gateway.request.body import (
     MAX_JSON_DEPTH,
     check_model,
@@ -40,8 +41,9 @@ from gateway.request.exchange import Exchange, usage_tokens
 from gateway.request.plan import assess, plan_route, route_headers
 from gateway.request.prompt_count import count_prompt
 from gateway.request.relay import UpstreamStreamingResponse, unless_client_leaves, whole_response
-from gateway.request.resume import stream_resumer
+from gateway.request.resume import Asked, stream_resumer
 from gateway.request.upstream import aclose_quietly
+from gateway.request.whole import assembled_answer
 from gateway.runtime import Runtime, get_runtime
 from gateway.telemetry import inject_trace_headers
 
@@ -137,17 +139,29 @@ async def _completion(
     headers = dict(request.headers)
     inject_trace_headers(headers, trace.set_span_in_context(upstream_span))
 
+    # A whole answer asked as a stream (failover.whole_answers: continue) is assembled by the
+    # gateway, and continued on the next tier when its own fails midway, as a stream is.
+    assembling = (
+        active.policy.failover.assembles and not wants_stream(body) and assemblable(body, path)
+    )
+    upstream_body = as_stream(body) if assembling else body
     # A stream's headers come once the tier has scheduled it (time in its queue, then the
     # prompt's prefill): giving up on a silent tier is safe. A whole answer's come when it is
     # complete: giving up would generate it again on the next tier, so read_timeout bounds it.
-    first_byte = active.policy.timeouts.first_byte_seconds if wants_stream(body) else float("inf")
+    streamed = wants_stream(upstream_body)  # the tier is asked for a stream
+    first_byte = active.policy.timeouts.first_byte_seconds if streamed else float("inf")
+
+    asked = Asked(
+        path, headers, lambda name: plan.body_for(name, upstream_body), plan.max_tokens_field,
+        config.model_name, plan.cls, first_byte,
+    )  # fmt: skip
 
     async def exchange_with_tiers() -> tuple[Response, ShadowJob | None]:
         try:
             tier, response = await open_chain(
                 runtime.upstream,
                 tiers,
-                lambda name: plan.body_for(name, body),
+                asked.body_for,
                 path,
                 headers,
                 exchange,
@@ -172,14 +186,20 @@ async def _completion(
             link,
             plan.cls,
         )
-        if wants_stream(body) and response.status_code == 200:
+        resumer = None
+        if streamed and response.status_code == 200:
+            resumer = stream_resumer(
+                runtime.upstream, tiers, asked, upstream_body, exchange, runtime.counter,
+                active.policy.escalation, partial(guard_escalations, runtime, plan.cls),
+            )  # fmt: skip
+        if assembling and resumer is not None:
+            raw, answer = await assembled_answer(
+                runtime.upstream, tier, response, resumer, answer_headers, exchange, full, path
+            )
+            return answer, dataclasses.replace(shadow, answer=raw) if raw is not None else None
+        if streamed and response.status_code == 200:
             # From here on the streaming response owns the upstream and finishes the exchange;
             # its shadow job (no answer) is counted as dropped (streaming) when drawn.
-            resumer = stream_resumer(
-                runtime.upstream, tiers, plan, body, path, headers, exchange, runtime.counter,
-                config.model_name, first_byte, active.policy.escalation,
-                partial(guard_escalations, runtime, plan.cls),
-            )  # fmt: skip
             stream = UpstreamStreamingResponse(
                 runtime.upstream, tier, response, answer_headers, exchange, full, resumer
             )

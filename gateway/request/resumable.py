@@ -100,3 +100,17 @@ async def relay_resumable(
             return
         tier, response, rewrite = going_on.tier, going_on.response, going_on.rewrite
         preface = going_on.closing
+
+
+async def read_resumable(
+    upstream: Upstream, tier: TierEndpoint, response: httpx.Response, full: bool, resumer: Resumer
+) -> tuple[bytes, SSECounter]:
+    """A whole answer asked as a stream (gateway/request/assemble.py): every event the relay
+    yields, continued as a stream is when its tier fails, and the relay's counter."""
+    counter = SSECounter()
+    parts: list[bytes] = []
+    relay = relay_resumable(upstream, tier, response, counter, None, full, resumer)
+    async with aclosing(relay) as chunks:
+        async for chunk in chunks:
+            parts.append(chunk)
+    return b"".join(parts), counter

@@ -33,7 +33,6 @@ from gateway.request.continuation import (
     used_up,
 )
 from gateway.request.exchange import Exchange
-from gateway.request.plan import Plan
 from gateway.request.prompt_count import CHAT, ByteCounter, PromptCounter
 from gateway.request.stream_watch import Degenerated, StreamWatch
 from gateway.request.upstream import Upstream, aclose_quietly
@@ -62,6 +61,19 @@ def rest_of_chain(chain: Chain, failed: TierEndpoint) -> list[list[TierEndpoint]
     return []
 
 
+@dataclass(frozen=True)
+class Asked:
+    """What a request asks, as every tier of its chain is asked it."""
+
+    path: str
+    headers: Mapping[str, str]
+    body_for: Callable[[str], Mapping[str, Any]]  # the body planned for a tier, by its name
+    max_tokens_field: str
+    model: str  # the served model's name (an answer's events the gateway writes carry it)
+    cls: str  # the request's class (escalation is configured per class)
+    first_byte: float = float("inf")  # seconds a tier may take to its first byte
+
+
 class Resumer:
     """Continues one streamed request on the rest of its chain (see the module docstring)."""
 
@@ -69,33 +81,25 @@ class Resumer:
         self,
         upstream: Upstream,
         chain: Chain,
-        body_for: Callable[[str], Mapping[str, Any]],
-        path: str,
-        headers: Mapping[str, str],
+        asked: Asked,
         exchange: Exchange,
-        *,
-        max_tokens_field: str,
-        count_text: Callable[[str], int],
-        model: str,
-        first_byte: float = float("inf"),
+        counter: PromptCounter,
         escalation: EscalationPolicy | None = None,
-        cls: str = "",
-        exact: bool = True,
         on_watched: Callable[[str, bool], None] | None = None,
     ) -> None:
-        self.upstream, self.chain, self.body_for = upstream, chain, body_for
-        self.path, self.headers, self.exchange = path, headers, exchange
-        self.max_tokens_field, self.count_text, self.model = max_tokens_field, count_text, model
-        self.first_byte, self.escalation, self.cls = first_byte, escalation, cls
-        self.exact = exact  # count_text is a tokenizer's count (not an upper bound)
+        self.upstream, self.chain, self.asked, self.exchange = upstream, chain, asked, exchange
+        self.count_text = counter.count_text
+        self.exact = not isinstance(counter, ByteCounter)  # a tokenizer's count, not a bound
+        self.escalation = escalation
         self.on_watched = on_watched  # (tier, degenerated) of each watched stream: the guard
         self.watch: StreamWatch | None = None
-        if escalation is not None and escalation.tiers and cls in escalation.classes:
+        self.continued_on: list[str] = []  # the tiers the answer went on on, in order
+        if escalation is not None and escalation.tiers and asked.cls in escalation.classes:
             self.watch = StreamWatch(
                 escalation.loop.check() if escalation.loop else None,
                 escalation.scripts.check() if escalation.scripts else None,
                 escalation.holdback_chars,
-                path == CHAT,
+                asked.path == CHAT,
             )
 
     def watched(self, tier: TierEndpoint, degenerated: bool) -> None:
@@ -108,7 +112,7 @@ class Resumer:
         chain could continue it."""
         if self.watch is None or self.escalation is None:
             return False
-        return self.escalation.watches(tier.name, self.cls) and any(
+        return self.escalation.watches(tier.name, self.asked.cls) and any(
             rest_of_chain(self.chain, tier)[1:]
         )
 
@@ -117,7 +121,8 @@ class Resumer:
     ) -> Continuation | None:
         """The stream's continuation after ``failed`` broke off with ``error``; None when it
         cannot go on (the relay then ends it with the error event, as before)."""
-        chat = self.path == CHAT
+        asked = self.asked
+        chat = asked.path == CHAT
         sent = read_sent(sent_events, chat)
         if sent.why_not is not None:
             logger.info("stream on %s not continued: %s", failed.name, sent.why_not)
@@ -131,9 +136,9 @@ class Resumer:
         resent = self.count_text(sent.text) if sent.text else 0
         generated = max(sent.events, resent) if self.exact else sent.events
         budget_cut = max(sent.events, resent)
-        if used_up(self.body_for(failed.name), generated, self.max_tokens_field):
+        if used_up(asked.body_for(failed.name), generated, asked.max_tokens_field):
             self._record(failed, None, generated, error)
-            return Continuation(closing=length_ending(sent, chat, self.model))
+            return Continuation(closing=length_ending(sent, chat, asked.model))
         rest = rest_of_chain(self.chain, failed)
         verdict = error.verdict if isinstance(error, Degenerated) else None
         if verdict is not None:  # the same precision would degenerate alike: the next tier
@@ -141,14 +146,14 @@ class Resumer:
 
         def body(name: str) -> dict[str, Any]:
             return continuation_body(
-                self.body_for(name), self.path, sent, budget_cut, self.max_tokens_field
+                asked.body_for(name), asked.path, sent, budget_cut, asked.max_tokens_field
             )
 
         while any(rest):
             try:
                 tier, response = await open_chain(
-                    self.upstream, rest, body, self.path, self.headers, self.exchange,
-                    self.first_byte,
+                    self.upstream, rest, body, asked.path, asked.headers, self.exchange,
+                    asked.first_byte,
                 )  # fmt: skip
             except APIError:  # nothing answered: the request stays the failed tier's
                 self.exchange.tier = failed.name
@@ -170,6 +175,8 @@ class Resumer:
         self, failed: TierEndpoint, tier: TierEndpoint | None, generated: int, error: APIError
     ) -> None:
         to = tier.name if tier is not None else "none"
+        if tier is not None:
+            self.continued_on.append(tier.name)
         if isinstance(error, Degenerated):
             verdict = error.verdict
             self.exchange.escalated(failed.name, to, verdict.kind, verdict.detail, generated)
@@ -180,24 +187,15 @@ class Resumer:
 def stream_resumer(
     upstream: Upstream,
     chain: Chain,
-    plan: Plan,
+    asked: Asked,
     body: Mapping[str, Any],
-    path: str,
-    headers: Mapping[str, str],
     exchange: Exchange,
     counter: PromptCounter,
-    model: str,
-    first_byte: float,
     escalation: EscalationPolicy | None = None,
     on_watched: Callable[[str, bool], None] | None = None,
 ) -> Resumer | None:
-    """The resumer of a streamed request, or None when its answer could not be continued."""
-    why_not = unresumable(body, path)
-    if why_not is not None:
+    """The resumer of a streamed request (``body`` as the client sent it, asked as a stream),
+    or None when its answer could not be continued."""
+    if unresumable(body, asked.path) is not None:
         return None
-    return Resumer(
-        upstream, chain, lambda name: plan.body_for(name, body), path, headers, exchange,
-        max_tokens_field=plan.max_tokens_field, count_text=counter.count_text, model=model,
-        first_byte=first_byte, escalation=escalation, cls=plan.cls,
-        exact=not isinstance(counter, ByteCounter), on_watched=on_watched,
-    )  # fmt: skip
+    return Resumer(upstream, chain, asked, exchange, counter, escalation, on_watched)

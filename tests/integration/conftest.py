@@ -133,6 +133,54 @@ def wait_until(condition: Callable[[], object], timeout: float = 30.0) -> None:
         time.sleep(0.2)
 
 
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def route_chain(stack: Stack, prompt: str) -> list[str]:
+    """The route's tiers for ``prompt``, from x-route-reason (told to admin keys)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 1}
+    answer = httpx.post(
+        f"{stack.gateway_url}/v1/chat/completions", json=body, headers=ADMIN, timeout=60
+    )
+    assert answer.status_code == 200, answer.text
+    reason = answer.headers["x-route-reason"]
+    return [tier.strip() for tier in reason.rsplit("->", 1)[1].split(",")]
+
+
+def apply_policy(stack: Stack, text: str) -> None:
+    """Write the stack's policy file and wait until the gateway serves it."""
+    before = httpx.get(f"{stack.gateway_url}/admin/policy", headers=ADMIN, timeout=10).json()
+    stack.policy.write_text(text)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        now = httpx.get(f"{stack.gateway_url}/admin/policy", headers=ADMIN, timeout=10).json()
+        assert not now["last_error"], now["last_error"]
+        if now["digest"] != before["digest"]:
+            return
+        time.sleep(0.3)
+    pytest.fail("the policy edit was not applied")
+
+
+def wait_tier_back(stack: Stack, tier: str) -> None:
+    """Wait until a killed tier was restarted by its supervisor and the gateway has it ready."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{stack.tier_urls[tier]}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    else:
+        pytest.fail(f"tier {tier} was not restarted:\n{stack.log_text()[-2000:]}")
+
+    def ready() -> bool:
+        tiers = httpx.get(f"{stack.gateway_url}/admin/tiers", headers=ADMIN, timeout=10).json()
+        return bool(tiers["tiers"][tier]["state"] == "ready")
+
+    wait_until(ready, timeout=30)
+
+
 def free_port_run(count: int) -> int:
     """The first of ``count`` consecutive free loopback ports."""
     for _ in range(200):

@@ -5,48 +5,24 @@ and its answer continued on the next tier of the chain, in one stream
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
 from tokenizers import Tokenizer
 
 from model_optimizer.envs import cache_root
-from tests.integration.conftest import ADMIN_KEY, MODEL, Stack
+from tests.integration.conftest import MODEL, Stack, apply_policy, route_chain
 
 pytestmark = pytest.mark.integration
-ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 PROMPTS = ("Hi! How are you doing today?", "Write a Python function that adds two numbers.")
 OFF = "escalation:\n  tiers: []\n"
 
 
-def _chain(stack: Stack, prompt: str) -> list[str]:
-    """The route's tiers for ``prompt``, from x-route-reason (told to admin keys)."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 1}
-    answer = httpx.post(
-        f"{stack.gateway_url}/v1/chat/completions", json=body, headers=ADMIN, timeout=60
-    )
-    assert answer.status_code == 200, answer.text
-    reason = answer.headers["x-route-reason"]
-    return [tier.strip() for tier in reason.rsplit("->", 1)[1].split(",")]
-
-
-def _apply(stack: Stack, text: str) -> None:
-    before = httpx.get(f"{stack.gateway_url}/admin/policy", headers=ADMIN, timeout=10).json()
-    stack.policy.write_text(text)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        now = httpx.get(f"{stack.gateway_url}/admin/policy", headers=ADMIN, timeout=10).json()
-        assert not now["last_error"], now["last_error"]
-        if now["digest"] != before["digest"]:
-            return
-        time.sleep(0.3)
-    pytest.fail("the policy edit was not applied")
-
-
 @pytest.mark.slow
 def test_a_looping_tier_is_cut_and_its_answer_continued_on_the_next(stack: Stack) -> None:
-    prompt, chain = next(((p, c) for p in PROMPTS if len(c := _chain(stack, p)) >= 2), (None, []))
+    prompt, chain = next(
+        ((p, c) for p in PROMPTS if len(c := route_chain(stack, p)) >= 2), (None, [])
+    )
     assert prompt is not None, "no class routes to two tiers on this machine"
     watched = chain[0]
     tokenizer = Tokenizer.from_file(
@@ -65,14 +41,14 @@ def test_a_looping_tier_is_cut_and_its_answer_continued_on_the_next(stack: Stack
     original = stack.policy.read_text()
     assert OFF in original
     try:
-        _apply(stack, original.replace(OFF, f"escalation:\n  tiers: [{watched}]\n"))
+        apply_policy(stack, original.replace(OFF, f"escalation:\n  tiers: [{watched}]\n"))
         with httpx.stream(
             "POST", f"{stack.gateway_url}/v1/chat/completions", json=body, timeout=120
         ) as answer:
             assert answer.status_code == 200
             lines = [line for line in answer.iter_lines() if line]
     finally:
-        _apply(stack, original)
+        apply_policy(stack, original)
     payloads = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     assert not [p for p in payloads if "error" in p], lines[-3:]
     assert lines[-1] == "data: [DONE]" and lines.count("data: [DONE]") == 1

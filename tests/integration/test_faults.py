@@ -14,13 +14,17 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backends.metrics import parse_metrics
 from backends.process import free_port
 from gateway.config import hash_key
 from tests.integration.conftest import (
-    ADMIN_KEY,
+    ADMIN,
     Stack,
+    apply_policy,
     gateway_config,
     gateway_processes,
+    route_chain,
+    wait_tier_back,
     wait_until,
 )
 from tests.redis_server import start_redis
@@ -28,7 +32,6 @@ from tests.redis_server import start_redis
 pytestmark = pytest.mark.integration
 MODEL = "SmolLM2-135M-Instruct"
 CHAT = [{"role": "user", "content": "Hi! How are you doing today?"}]
-ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 def _ask(url: str, max_tokens: int = 2) -> int:
@@ -77,23 +80,60 @@ def test_a_tier_killed_mid_stream_is_continued_on_the_next_and_comes_back(stack:
     assert finish == ["length"]
     metrics = httpx.get(f"{stack.gateway_url}/metrics", timeout=10).text
     assert f'gateway_stream_resumes_total{{from_tier="{tier}"' in metrics
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{stack.tier_urls[tier]}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    else:
-        pytest.fail(f"tier {tier} was not restarted:\n{stack.log_text()[-2000:]}")
-    states = httpx.get(f"{stack.gateway_url}/admin/tiers", headers=ADMIN, timeout=10).json()
-    deadline = time.monotonic() + 30
-    while states["tiers"][tier]["state"] != "ready" and time.monotonic() < deadline:
-        time.sleep(1)
-        states = httpx.get(f"{stack.gateway_url}/admin/tiers", headers=ADMIN, timeout=10).json()
-    assert states["tiers"][tier]["state"] == "ready"
+    wait_tier_back(stack, tier)
     assert _ask(stack.gateway_url) == 200
+
+
+WHOLE_REGENERATE = "failover:\n  whole_answers: regenerate\n"
+
+
+@pytest.mark.slow
+def test_a_tier_killed_under_a_whole_answer_is_continued_on_the_next(stack: Stack) -> None:
+    """With ``failover.whole_answers: continue`` a whole answer is asked as a stream and
+    assembled: its tier SIGKILLed midway, the answer goes on on the next tier and the client
+    gets one whole answer of the length asked for (gateway/request/whole.py)."""
+    tier = route_chain(stack, CHAT[0]["content"])[0]
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": 400, "ignore_eos": True}
+    original = stack.policy.read_text()
+    assert WHOLE_REGENERATE in original
+    continuing = original.replace(WHOLE_REGENERATE, "failover:\n  whole_answers: continue\n")
+    answers: list[httpx.Response] = []
+
+    def ask() -> None:
+        url = f"{stack.gateway_url}/v1/chat/completions"
+        answers.append(httpx.post(url, json=body, timeout=300))
+
+    try:
+        apply_policy(stack, continuing)
+        before = _generated(stack, tier)
+        asking = threading.Thread(target=ask)
+        asking.start()
+        wait_until(lambda: _generated(stack, tier) >= before + 10, timeout=120)
+        stack.tier_process(tier).kill()  # a whole answer's tier has sent the client nothing yet
+        asking.join(timeout=300)
+    finally:
+        apply_policy(stack, original)
+    (answer,) = answers
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-route-tier"] == tier
+    continued = answer.headers["x-route-continued"].split(",")
+    assert tier not in continued
+    whole = answer.json()
+    assert whole["object"] == "chat.completion"
+    assert whole["usage"]["completion_tokens"] == 400, whole["usage"]
+    assert whole["choices"][0]["finish_reason"] == "length"
+    assert whole["choices"][0]["message"]["content"]
+    metrics = httpx.get(f"{stack.gateway_url}/metrics", timeout=10).text
+    resumed = f'gateway_stream_resumes_total{{from_tier="{tier}",to_tier="{continued[0]}"}}'
+    assert resumed in metrics
+    wait_tier_back(stack, tier)
+    assert _ask(stack.gateway_url) == 200
+
+
+def _generated(stack: Stack, tier: str) -> float:
+    """Tokens ``tier`` generated so far (vLLM's own counter)."""
+    text = httpx.get(f"{stack.tier_urls[tier]}/metrics", timeout=10).text
+    return parse_metrics(text).generation_tokens
 
 
 def test_bad_policy_files_never_replace_the_serving_one(stack: Stack) -> None:
