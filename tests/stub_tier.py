@@ -47,6 +47,7 @@ class StubTier:
         self.completion_text = " Paris."  # completions answers
         self.answer_id = "cmpl-stub"  # the id and creation time of its answers
         self.created = 1
+        self.error_code = 500  # the code of its error event (mode error_event)
         self.role_chunk = False  # a chat stream opens with a role-only delta, as vLLM's does
         self.stream_texts: list[str] | None = None  # a stream's chunks' texts (else w0, w1, ...)
         self.requests: list[dict[str, Any]] = []
@@ -158,7 +159,7 @@ class StubTier:
                 if self.mode == "die" and index == 2:
                     raise StubDied("stub tier dropped the connection")
                 if self.mode == "error_event" and index == 2:
-                    error = {"message": "engine died", "type": "InternalServerError", "code": 500}
+                    error = {"message": "engine died", "type": "Error", "code": self.error_code}
                     yield f"data: {json.dumps({'error': error})}\n\ndata: [DONE]\n\n".encode()
                     return
                 yield self._chunk(chat, index, last=False)

@@ -169,7 +169,7 @@ class LimitsPolicy(Section):
 class TimeoutsPolicy(Section):
     """How long a tier may take before the chain moves on (see policies/routing.yaml)."""
 
-    first_byte_seconds: PositiveFloat = 120.0  # streamed requests only
+    first_byte_seconds: PositiveFloat = 120.0  # streamed requests (whole ones asked as streams)
 
 
 class FailoverPolicy(Section):

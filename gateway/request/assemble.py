@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.request.continuation import event_data, unresumable
+from gateway.request.continuation import complete_events, event_data, unresumable
 
 # Request fields whose whole answer a stream does not give back as it is.
 _WHOLE_ONLY = (
@@ -39,17 +39,14 @@ _WHOLE_ONLY = (
     "stream_options",  # vLLM refuses it on a non-streamed request: keep its answer
     "kv_transfer_params",
 )
-# Message fields vLLM's whole chat answer carries even when empty.
-_MESSAGE_DEFAULTS: dict[str, Any] = {
-    "role": "assistant",
-    "content": None,
-    "refusal": None,
-    "annotations": None,
-    "audio": None,
-    "function_call": None,
-    "tool_calls": [],
-    "reasoning_content": None,
-}
+# The fields vLLM's (0.32) whole answers carry even when empty; an empty ``tool_calls`` is left
+# out, as vLLM leaves it out.
+_MESSAGE = {"role": "assistant", "content": None, "refusal": None, "annotations": None,
+            "audio": None, "function_call": None, "reasoning": None}  # fmt: skip
+_CHOICE = {"logprobs": None, "finish_reason": None, "stop_reason": None, "token_ids": None}
+_ANSWER = {"service_tier": None, "system_fingerprint": None, "usage": None}
+_CHAT_ANSWER = {"prompt_logprobs": None, "prompt_token_ids": None, "kv_transfer_params": None}
+_COMPLETION_ANSWER = {"kv_transfer_params": None}
 
 
 def assemblable(body: Mapping[str, Any], path: str) -> bool:
@@ -74,95 +71,119 @@ class Assembled:
     body: bytes
 
 
+class _Choice:
+    """One choice being folded: text pieces and lists are gathered, joined once at the end
+    (an answer's cost stays linear in its length)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.texts: dict[str, list[str]] = {}  # the message's (or completion's) text fields
+        self.fields: dict[str, Any] = {}  # the message's other fields: the last non-null
+        self.logprobs: dict[str, Any] | None = None  # lists extended in place
+        self.rest: dict[str, Any] = {}  # finish_reason, stop_reason, ...: the last non-null
+
+    def fold(self, choice: Mapping[str, Any], chat: bool) -> None:
+        if chat:
+            delta = choice.get("delta")
+            for key, value in delta.items() if isinstance(delta, dict) else ():
+                if isinstance(value, str) and key != "role":
+                    self.texts.setdefault(key, []).append(value)
+                elif value is not None or key not in self.fields:
+                    self.fields[key] = value
+        elif isinstance(choice.get("text"), str):
+            self.texts.setdefault("text", []).append(choice["text"])
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict):
+            held = self.logprobs if self.logprobs is not None else {}
+            self.logprobs = held
+            for key, value in logprobs.items():
+                if isinstance(value, list) and isinstance(held.get(key), list):
+                    held[key].extend(value)
+                else:
+                    held[key] = list(value) if isinstance(value, list) else value
+        for key, value in choice.items():
+            if key not in ("delta", "text", "logprobs", "index") and (
+                value is not None or key not in self.rest
+            ):
+                self.rest[key] = value
+
+    def whole(self, chat: bool) -> dict[str, Any]:
+        """The choice in a whole answer's shape."""
+        texts = {key: "".join(pieces) for key, pieces in self.texts.items()}
+        choice: dict[str, Any] = {"index": self.index}
+        if chat:
+            message = {**_MESSAGE, **self.fields, **texts}
+            if not message.get("tool_calls"):
+                message.pop("tool_calls", None)
+            choice["message"] = message
+        else:
+            choice["text"] = texts.get("text", "")
+        return {**choice, **_CHOICE, **self.rest, "logprobs": self.logprobs}
+
+
+class Assembler:
+    """Folds a relayed stream's events, as they come, into the whole answer (see the module
+    docstring)."""
+
+    def __init__(self, chat: bool) -> None:
+        self.chat = chat
+        self.answer: dict[str, Any] = {}
+        self.choices: dict[int, _Choice] = {}
+        self.error: Any = None
+        self._partial = b""
+
+    def feed(self, data: bytes) -> None:
+        """Bytes of the relayed stream, cut anywhere."""
+        events, self._partial = complete_events(self._partial + data)
+        for payload in event_data(events):
+            if payload == b"[DONE]" or self.error is not None:
+                continue
+            try:
+                event = json.loads(payload)
+            except ValueError:
+                continue
+            if not isinstance(event, dict):
+                continue
+            if "error" in event:
+                self.error = event["error"]
+                continue
+            self._fold_top(event)
+            for choice in event.get("choices") or []:
+                if isinstance(choice, dict):
+                    index = choice.get("index", 0)
+                    index = index if isinstance(index, int) else 0
+                    self.choices.setdefault(index, _Choice(index)).fold(choice, self.chat)
+
+    def result(self, failure: int | None = None) -> Assembled:
+        """The whole answer; ``failure``: the status the relay recorded when the stream ended
+        with an error event."""
+        if self.error is not None:
+            return Assembled(failure or 502, _dumps({"error": self.error}))
+        if not self.answer:
+            return Assembled(failure or 502, _dumps({"error": _empty_error()}))
+        defaults = {**_ANSWER, **(_CHAT_ANSWER if self.chat else _COMPLETION_ANSWER)}
+        answer = {**defaults, **self.answer}
+        answer["object"] = "chat.completion" if self.chat else "text_completion"
+        answer["choices"] = [self.choices[i].whole(self.chat) for i in sorted(self.choices)]
+        return Assembled(200, _dumps(answer))
+
+    def _fold_top(self, event: Mapping[str, Any]) -> None:
+        """The answer's own fields: the first event's id, created and model; the last non-null
+        value of any other field (usage)."""
+        for key, value in event.items():
+            if key in ("choices", "object"):
+                continue
+            if key in ("id", "created", "model"):
+                self.answer.setdefault(key, value)
+            elif value is not None or key not in self.answer:
+                self.answer[key] = value
+
+
 def assemble(events: bytes, chat: bool, failure: int | None = None) -> Assembled:
-    """The whole answer made of a relayed stream's ``events`` (see the module docstring).
-    ``failure``: the status the relay recorded when the stream ended with an error event."""
-    answer: dict[str, Any] = {}
-    choices: dict[int, dict[str, Any]] = {}
-    for data in event_data(events):
-        if data == b"[DONE]":
-            continue
-        try:
-            event = json.loads(data)
-        except ValueError:
-            continue
-        if not isinstance(event, dict):
-            continue
-        if "error" in event:
-            return Assembled(failure or 502, _dumps({"error": event["error"]}))
-        _fold_top(answer, event)
-        for choice in event.get("choices") or []:
-            if isinstance(choice, dict):
-                index = choice.get("index", 0)
-                _fold_choice(choices.setdefault(index, {"index": index}), choice, chat)
-    if not answer:
-        return Assembled(failure or 502, _dumps({"error": _empty_error()}))
-    answer["object"] = "chat.completion" if chat else "text_completion"
-    answer["choices"] = [_finish_choice(choices[i], chat) for i in sorted(choices)]
-    return Assembled(200, _dumps(answer))
-
-
-def _fold_top(answer: dict[str, Any], event: Mapping[str, Any]) -> None:
-    """The answer's own fields: the first event's id, created and model; the last non-null
-    value of any other field (usage)."""
-    for key, value in event.items():
-        if key in ("choices", "object"):
-            continue
-        if key in ("id", "created", "model"):
-            answer.setdefault(key, value)
-        elif value is not None or key not in answer:
-            answer[key] = value
-
-
-def _fold_choice(folded: dict[str, Any], choice: Mapping[str, Any], chat: bool) -> None:
-    if chat:
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            message = folded.setdefault("message", {})
-            for key, value in delta.items():
-                _join(message, key, value)
-    else:
-        _join(folded, "text", choice.get("text"))
-    logprobs = choice.get("logprobs")
-    if isinstance(logprobs, dict):
-        joined = folded.setdefault("logprobs", {})
-        for key, value in logprobs.items():
-            _join(joined, key, value)
-    for key, value in choice.items():
-        if key in ("delta", "text", "logprobs", "index"):
-            continue
-        if value is not None or key not in folded:
-            folded[key] = value
-
-
-def _join(into: dict[str, Any], key: str, value: Any) -> None:
-    """Strings and lists are joined; other values are replaced by the last non-null one."""
-    held = into.get(key)
-    if isinstance(value, str) and isinstance(held, str) and key != "role":
-        into[key] = held + value
-    elif isinstance(value, list) and isinstance(held, list):
-        into[key] = [*held, *value]
-    elif value is not None or key not in into:
-        into[key] = value
-
-
-def _finish_choice(folded: dict[str, Any], chat: bool) -> dict[str, Any]:
-    """A folded choice in a whole answer's shape (the fields a whole answer always has)."""
-    choice: dict[str, Any] = {"index": folded["index"]}
-    if chat:
-        message = {**_MESSAGE_DEFAULTS, **folded.get("message", {})}
-        if message.get("tool_calls") is None:
-            message["tool_calls"] = []
-        choice["message"] = message
-    else:
-        choice["text"] = folded.get("text") or ""
-    choice["logprobs"] = folded.get("logprobs")
-    choice["finish_reason"] = folded.get("finish_reason")
-    choice["stop_reason"] = folded.get("stop_reason")
-    for key, value in folded.items():
-        if key not in choice and key != "message":
-            choice[key] = value
-    return choice
+    """The whole answer made of a relayed stream's ``events`` at once (see ``Assembler``)."""
+    assembler = Assembler(chat)
+    assembler.feed(events)
+    return assembler.result(failure)
 
 
 def _empty_error() -> dict[str, Any]:

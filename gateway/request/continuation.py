@@ -56,9 +56,24 @@ def event_data(events: bytes) -> list[bytes]:
     return found
 
 
-def split_error(events: bytes) -> tuple[bytes, str | None]:
+@dataclass(frozen=True)
+class TierError:
+    """An error event a tier sent in its stream."""
+
+    message: str
+    status: int | None  # its ``code`` when that is an HTTP status
+    event: bytes  # the event as it came
+
+    @property
+    def request_error(self) -> bool:
+        """Whether the tier said the request itself is wrong (4xx): another tier would too."""
+        return self.status is not None and 400 <= self.status < 500
+
+
+def split_error(events: bytes) -> tuple[bytes, TierError | None]:
     """``events`` up to a tier's own error event (vLLM sends one, then ``[DONE]``, when its
-    engine fails mid-stream), and that event's message; (``events``, None) without one."""
+    engine fails mid-stream or the request turns out wrong), and that error; (``events``,
+    None) without one."""
     if b'"error":' not in events:  # in a JSON string a quote is escaped: only a key matches
         return events, None
     kept: list[bytes] = []
@@ -71,7 +86,10 @@ def split_error(events: bytes) -> tuple[bytes, str | None]:
             if isinstance(event, dict) and "error" in event:
                 error = event["error"]
                 message = error.get("message") if isinstance(error, dict) else error
-                return b"".join(kept), str(message)[:200]
+                code = error.get("code") if isinstance(error, dict) else None
+                status = code if isinstance(code, int) and 100 <= code < 600 else None
+                raw = b"data: " + data + b"\n\n"
+                return b"".join(kept), TierError(str(message)[:200], status, raw)
         if block:
             kept.append(block + b"\n\n")
     return events, None
@@ -216,8 +234,11 @@ def continuation_body(
     return follow
 
 
-def length_ending(sent: Sent, chat: bool, model: str) -> bytes:
-    """The events ending an answer whose length was used up when its tier failed."""
+def length_ending(
+    sent: Sent, chat: bool, model: str, usage: Mapping[str, int] | None = None
+) -> bytes:
+    """The events ending an answer whose length was used up when its tier failed (with a
+    usage event when the request asked for one)."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
     if chat:
         choice["delta"] = {}
@@ -230,7 +251,9 @@ def length_ending(sent: Sent, chat: bool, model: str) -> bytes:
         "model": model,
         "choices": [choice],
     }
-    return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n" + DONE
+    events = [event] if usage is None else [event, {**event, "choices": [], "usage": dict(usage)}]
+    encoded = (b"data: " + json.dumps(e, separators=(",", ":")).encode() + b"\n\n" for e in events)
+    return b"".join(encoded) + DONE
 
 
 class Rewriter:

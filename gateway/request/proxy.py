@@ -186,18 +186,16 @@ async def _completion(
             link,
             plan.cls,
         )
-        resumer = None
         if streamed and response.status_code == 200:
             resumer = stream_resumer(
                 runtime.upstream, tiers, asked, upstream_body, exchange, runtime.counter,
                 active.policy.escalation, partial(guard_escalations, runtime, plan.cls),
             )  # fmt: skip
-        if assembling and resumer is not None:
-            raw, answer = await assembled_answer(
-                runtime.upstream, tier, response, resumer, answer_headers, exchange, full, path
-            )
-            return answer, dataclasses.replace(shadow, answer=raw) if raw is not None else None
-        if streamed and response.status_code == 200:
+            if assembling:  # a whole answer: one tier's alone is offered to shadow sampling
+                raw, answer = await assembled_answer(
+                    runtime.upstream, tier, response, resumer, answer_headers, exchange, full, path
+                )
+                return answer, dataclasses.replace(shadow, answer=raw) if raw else None
             # From here on the streaming response owns the upstream and finishes the exchange;
             # its shadow job (no answer) is counted as dropped (streaming) when drawn.
             stream = UpstreamStreamingResponse(

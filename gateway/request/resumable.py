@@ -20,7 +20,7 @@ import httpx
 
 from gateway.config import TierEndpoint
 from gateway.errors import APIError, sse_error_event
-from gateway.request.continuation import complete_events, split_error
+from gateway.request.continuation import DONE, complete_events, split_error
 from gateway.request.exchange import SSECounter
 from gateway.request.stream_watch import Degenerated
 from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly
@@ -66,8 +66,15 @@ async def relay_resumable(
                         sent.append(events)
                         counter.feed(events)
                         yield events
+                    if failure is not None and failure.request_error:  # not continued
+                        held = watch.flush() if watch is not None else b""
+                        counter.feed(held)
+                        counter.failure = failure.status
+                        yield held + failure.event + DONE
+                        return
                     if failure is not None:
-                        raise UpstreamFailed(tier.name, f"it sent an error event: {failure}")
+                        message = f"it sent an error event: {failure.message}"
+                        raise UpstreamFailed(tier.name, message)
                     if watch is not None and watch.verdict is not None:
                         resumer.watched(tier, degenerated=True)
                         raise Degenerated(tier.name, watch.verdict)
@@ -100,17 +107,3 @@ async def relay_resumable(
             return
         tier, response, rewrite = going_on.tier, going_on.response, going_on.rewrite
         preface = going_on.closing
-
-
-async def read_resumable(
-    upstream: Upstream, tier: TierEndpoint, response: httpx.Response, full: bool, resumer: Resumer
-) -> tuple[bytes, SSECounter]:
-    """A whole answer asked as a stream (gateway/request/assemble.py): every event the relay
-    yields, continued as a stream is when its tier fails, and the relay's counter."""
-    counter = SSECounter()
-    parts: list[bytes] = []
-    relay = relay_resumable(upstream, tier, response, counter, None, full, resumer)
-    async with aclosing(relay) as chunks:
-        async for chunk in chunks:
-            parts.append(chunk)
-    return b"".join(parts), counter

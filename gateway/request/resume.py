@@ -138,7 +138,8 @@ class Resumer:
         budget_cut = max(sent.events, resent)
         if used_up(asked.body_for(failed.name), generated, asked.max_tokens_field):
             self._record(failed, None, generated, error)
-            return Continuation(closing=length_ending(sent, chat, asked.model))
+            usage = self._usage(failed, generated)
+            return Continuation(closing=length_ending(sent, chat, asked.model, usage))
         rest = rest_of_chain(self.chain, failed)
         verdict = error.verdict if isinstance(error, Degenerated) else None
         if verdict is not None:  # the same precision would degenerate alike: the next tier
@@ -170,6 +171,16 @@ class Resumer:
             await aclose_quietly(response)
             rest = rest_of_chain(rest, tier)
         return None
+
+    def _usage(self, failed: TierEndpoint, generated: int) -> dict[str, int] | None:
+        """The usage of an answer ended at its length, when the request asked for usage: the
+        tokens generated, the prompt's as the gateway counted it (its tier's count is lost)."""
+        options = self.asked.body_for(failed.name).get("stream_options")
+        if not isinstance(options, dict) or not options.get("include_usage"):
+            return None
+        prompt = self.exchange.input_tokens or 0
+        return {"prompt_tokens": prompt, "completion_tokens": generated,
+                "total_tokens": prompt + generated}  # fmt: skip
 
     def _record(
         self, failed: TierEndpoint, tier: TierEndpoint | None, generated: int, error: APIError

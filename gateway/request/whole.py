@@ -6,15 +6,16 @@ continue``; gateway/request/assemble.py): relayed as a stream that can be contin
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import aclosing
 
 import httpx
 
 from gateway.config import TierEndpoint
-from gateway.request.assemble import assemble
-from gateway.request.exchange import Exchange, usage_tokens
+from gateway.request.assemble import Assembler
+from gateway.request.exchange import Exchange, SSECounter, usage_tokens
 from gateway.request.prompt_count import CHAT
-from gateway.request.relay import WholeAnswer
-from gateway.request.resumable import read_resumable
+from gateway.request.relay import WholeAnswer, relay_sse
+from gateway.request.resumable import relay_resumable
 from gateway.request.resume import Resumer
 from gateway.request.upstream import Upstream
 
@@ -25,23 +26,32 @@ async def assembled_answer(
     upstream: Upstream,
     tier: TierEndpoint,
     response: httpx.Response,
-    resumer: Resumer,
+    resumer: Resumer | None,
     headers: Mapping[str, str],
     exchange: Exchange,
     full: bool,
     path: str,
 ) -> tuple[bytes | None, WholeAnswer]:
-    """The whole answer (which finishes ``exchange`` once sent), and its body when it is one
-    (for shadow sampling), None for an error."""
-    events, counter = await read_resumable(upstream, tier, response, full, resumer)
-    answer = assemble(events, path == CHAT, counter.failure)
+    """The whole answer (which finishes ``exchange`` once sent), and its body when one tier
+    wrote all of it (for shadow sampling: an answer continued elsewhere is not that tier's);
+    None for an error or a continued answer. Without a ``resumer`` it is not continued."""
+    counter, assembler = SSECounter(), Assembler(path == CHAT)
+    if resumer is not None:
+        relay = relay_resumable(upstream, tier, response, counter, None, full, resumer)
+    else:
+        relay = relay_sse(upstream, tier, response, counter, None, full)
+    async with aclosing(relay) as chunks:
+        async for chunk in chunks:
+            assembler.feed(chunk)
+    answer = assembler.result(counter.failure)
     if answer.status == 200:
         prompt_tokens, exchange.output_tokens = usage_tokens(answer.body)
         if prompt_tokens:  # the tiers' own count: nothing left to count
             exchange.input_tokens, exchange.count_input = prompt_tokens, None
     exchange.set_outcome(answer.status)
     sent_headers = dict(headers)
-    if resumer.continued_on:
-        sent_headers[CONTINUED_HEADER] = ",".join(resumer.continued_on)
+    continued = resumer.continued_on if resumer is not None else []
+    if continued:
+        sent_headers[CONTINUED_HEADER] = ",".join(continued)
     whole = WholeAnswer(answer.body, answer.status, "application/json", sent_headers, exchange)
-    return (answer.body if answer.status == 200 else None), whole
+    return (answer.body if answer.status == 200 and not continued else None), whole

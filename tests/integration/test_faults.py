@@ -92,7 +92,9 @@ def test_a_tier_killed_under_a_whole_answer_is_continued_on_the_next(stack: Stac
     """With ``failover.whole_answers: continue`` a whole answer is asked as a stream and
     assembled: its tier SIGKILLed midway, the answer goes on on the next tier and the client
     gets one whole answer of the length asked for (gateway/request/whole.py)."""
-    tier = route_chain(stack, CHAT[0]["content"])[0]
+    chain = route_chain(stack, CHAT[0]["content"])
+    assert len(chain) >= 2, f"the route has one tier on this machine: {chain}"
+    tier, others = chain[0], chain[1:]
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 400, "ignore_eos": True}
     original = stack.policy.read_text()
     assert WHOLE_REGENERATE in original
@@ -106,6 +108,7 @@ def test_a_tier_killed_under_a_whole_answer_is_continued_on_the_next(stack: Stac
     try:
         apply_policy(stack, continuing)
         before = _generated(stack, tier)
+        others_before = sum(_generated(stack, other) for other in others)
         asking = threading.Thread(target=ask)
         asking.start()
         wait_until(lambda: _generated(stack, tier) >= before + 10, timeout=120)
@@ -123,6 +126,8 @@ def test_a_tier_killed_under_a_whole_answer_is_continued_on_the_next(stack: Stac
     assert whole["usage"]["completion_tokens"] == 400, whole["usage"]
     assert whole["choices"][0]["finish_reason"] == "length"
     assert whole["choices"][0]["message"]["content"]
+    # Continued, not generated again: the other tiers generated less than the whole length.
+    assert sum(_generated(stack, other) for other in others) - others_before < 400
     metrics = httpx.get(f"{stack.gateway_url}/metrics", timeout=10).text
     resumed = f'gateway_stream_resumes_total{{from_tier="{tier}",to_tier="{continued[0]}"}}'
     assert resumed in metrics

@@ -166,3 +166,34 @@ def test_a_tier_sending_an_error_event_is_continued(
         "w0 w1 w0 w1 w2 "
     )
     assert healthy.last_request["body"]["messages"][-1]["content"] == "w0 w1 "
+
+
+def test_a_tier_saying_the_request_is_wrong_is_not_continued(
+    make_stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    """An error event with a 4xx code (vLLM's for a request it finds wrong mid-stream) would
+    come back from every tier: the client gets it as the tier sent it."""
+    failing, healthy = make_stub(), make_stub()
+    failing.mode, failing.error_code = "error_event", 400
+    gateway = start_gateway(failing.url, healthy.url)
+    lines = _stream(client, f"{gateway}/v1/chat/completions", CHAT)
+    payloads = _payloads(lines)
+    assert (
+        payloads[-1]["error"]["code"] == 400 and payloads[-1]["error"]["message"] == "engine died"
+    )
+    assert lines[-1] == "data: [DONE]" and lines.count("data: [DONE]") == 1
+    assert healthy.requests == []
+
+
+def test_an_answer_ended_at_its_length_has_the_usage_asked_for(
+    make_stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    dying, healthy = _dying_and_healthy(make_stub)
+    gateway = start_gateway(dying.url, healthy.url)
+    body = {**CHAT, "max_tokens": 2, "stream_options": {"include_usage": True}}
+    payloads = _payloads(_stream(client, f"{gateway}/v1/chat/completions", body))
+    usage = [p["usage"] for p in payloads if p.get("usage")]
+    assert len(usage) == 1 and usage[0]["completion_tokens"] == 2
+    assert usage[0]["total_tokens"] == usage[0]["prompt_tokens"] + 2
+    assert payloads[-1]["choices"] == [] and payloads[-2]["choices"][0]["finish_reason"] == "length"
+    assert healthy.requests == []

@@ -138,3 +138,29 @@ def test_a_watched_tiers_whole_answer_that_loops_is_escalated(
     metrics = client.get(f"{gateway}/metrics").text
     labels = 'class="tolerant",from_tier="t0",kind="loop",to_tier="t1"'
     assert f"gateway_stream_escalations_total{{{labels}}} 1.0" in metrics
+
+
+def test_a_whole_answer_ended_at_its_length_has_usage(
+    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+) -> None:
+    dying, healthy = _dying_and_healthy(make_stub)
+    gateway = _gateway(start_gateway, tmp_path, dying.url, healthy.url)
+    whole = client.post(f"{gateway}/v1/chat/completions", json={**CHAT, "max_tokens": 2}).json()
+    assert whole["choices"][0]["message"]["content"] == "w0 w1 "
+    assert whole["choices"][0]["finish_reason"] == "length"
+    assert whole["usage"]["completion_tokens"] == 2
+    assert healthy.requests == []
+
+
+def test_errors_the_tier_gives_come_back_with_their_status(
+    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+) -> None:
+    refusing, other = make_stub(), make_stub()
+    refusing.mode = "bad_request"  # a 400 answer to the stream asked for
+    gateway = _gateway(start_gateway, tmp_path, refusing.url, other.url)
+    answer = client.post(f"{gateway}/v1/chat/completions", json=CHAT)
+    assert answer.status_code == 400 and answer.json()["error"]["message"] == "bad max_tokens"
+    refusing.mode, refusing.error_code = "error_event", 422  # found wrong mid-stream
+    answer = client.post(f"{gateway}/v1/chat/completions", json=CHAT)
+    assert answer.status_code == 422 and answer.json()["error"]["message"] == "engine died"
+    assert other.requests == []
