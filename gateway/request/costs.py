@@ -30,8 +30,7 @@ from typing import Any
 
 from gateway.errors import INVALID_REQUEST, APIError
 from gateway.policy.schema import LimitsPolicy
-
-CHAT = "/v1/chat/completions"
+from gateway.request.prompt_count import CHAT
 
 
 def request_cost(body: Mapping[str, Any], path: str, limits: LimitsPolicy) -> int:

@@ -104,6 +104,25 @@ def start_gateway(start_server: Callable[..., str]) -> Callable[..., str]:
 
 
 @pytest.fixture
+def two_tier_policy(tmp_path: Any) -> Callable[..., str]:
+    """Write a routing policy over tiers t0 and t1 (every class routed t0, then t1) with the
+    given sections (name=flow-style YAML); returns its path."""
+
+    def write(**sections: str) -> str:
+        route = "[t0, t1]"
+        text = (
+            f"tiers: [t0, t1]\nroutes: {{tolerant: {route}, code: {route}, math: {route}, "
+            f"long: {route}}}\n"
+        )
+        text += "".join(f"{name}: {value}\n" for name, value in sections.items())
+        path = tmp_path / f"routing-{uuid4().hex[:8]}.yaml"
+        path.write_text(text)
+        return str(path)
+
+    return write
+
+
+@pytest.fixture
 def client() -> Iterator[httpx.Client]:
     """A plain HTTP client (no env proxies) with bounded timeouts."""
     with httpx.Client(trust_env=False, timeout=WAIT) as http:

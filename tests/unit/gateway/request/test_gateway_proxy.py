@@ -456,22 +456,12 @@ def test_streaming_response_closes_upstream_on_disconnect_message() -> None:
     assert asyncio.run(_relay_until(scope, fail_on_send=None)).closed
 
 
-def _first_byte_policy(tmp_path: Any, seconds: float) -> str:
-    policy = tmp_path / "routing.yaml"
-    route = "[t0, t1]"
-    policy.write_text(
-        f"tiers: [t0, t1]\nroutes: {{tolerant: {route}, code: {route}, math: {route}, "
-        f"long: {route}}}\ntimeouts: {{first_byte_seconds: {seconds}}}\n"
-    )
-    return str(policy)
-
-
 def test_a_stream_silent_past_the_policy_timeout_is_given_up_for_the_next(
-    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+    make_stub: Any, start_gateway: Any, client: httpx.Client, two_tier_policy: Any
 ) -> None:
     slow, spare = make_stub(), make_stub()
     slow.mode = "hang"  # never scheduled: no response headers
-    policy = _first_byte_policy(tmp_path, 0.5)
+    policy = two_tier_policy(timeouts="{first_byte_seconds: 0.5}")
     gateway = start_gateway(slow.url, spare.url, policy_path=policy, watch_policy=False)
     started = time.monotonic()
     with client.stream(
@@ -557,13 +547,13 @@ def test_a_slow_body_holds_no_admission_slot_and_is_cut_off_at_its_deadline(
 
 
 def test_a_whole_answer_longer_than_the_first_byte_timeout_is_not_generated_twice(
-    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+    make_stub: Any, start_gateway: Any, client: httpx.Client, two_tier_policy: Any
 ) -> None:
     # vLLM sends a whole answer's headers only once it is complete: first_byte_seconds gave up
     # on every long non-streamed answer and had the next tier generate it again.
     first, spare = make_stub(), make_stub()
     first.whole_delay = 1.0
-    policy = _first_byte_policy(tmp_path, 0.3)
+    policy = two_tier_policy(timeouts="{first_byte_seconds: 0.3}")
     gateway = start_gateway(first.url, spare.url, policy_path=policy, watch_policy=False)
     response = client.post(f"{gateway}/v1/chat/completions", json=CHAT)
     assert response.status_code == 200, response.text

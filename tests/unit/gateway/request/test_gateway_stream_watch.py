@@ -82,16 +82,6 @@ def test_resume_drops_what_was_held() -> None:
 # --- through the gateway ------------------------------------------------------------------
 
 
-def _policy(tmp_path: Any, escalation: str) -> str:
-    policy = tmp_path / "routing.yaml"
-    route = "[t0, t1]"
-    policy.write_text(
-        f"tiers: [t0, t1]\nroutes: {{tolerant: {route}, code: {route}, math: {route}, "
-        f"long: {route}}}\nescalation: {escalation}\n"
-    )
-    return str(policy)
-
-
 def _stream(client: httpx.Client, url: str) -> list[str]:
     with client.stream("POST", url, json={**CHAT, "stream": True, "max_tokens": 60}) as answer:
         assert answer.status_code == 200
@@ -105,12 +95,12 @@ def _content(lines: list[str]) -> str:
 
 
 def test_a_looping_tier_is_cut_and_continued_on_the_next(
-    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+    make_stub: Any, start_gateway: Any, client: httpx.Client, two_tier_policy: Any
 ) -> None:
     looping, healthy = make_stub(), make_stub()
     looping.stream_texts = ["De la ", "bibli", "é", *["KISS"] * 30]
     healthy.stream_texts = ["Paris."]
-    policy = _policy(tmp_path, "{tiers: [t0], holdback_chars: 64}")
+    policy = two_tier_policy(escalation="{tiers: [t0], holdback_chars: 64}")
     gateway = start_gateway(looping.url, healthy.url, policy_path=policy, watch_policy=False)
     lines = _stream(client, f"{gateway}/v1/chat/completions")
     assert _content(lines) == "De la bibliéKISS" + "Paris."
@@ -124,28 +114,28 @@ def test_a_looping_tier_is_cut_and_continued_on_the_next(
 
 
 def test_unwatched_tiers_and_healthy_answers_pass_unchanged(
-    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+    make_stub: Any, start_gateway: Any, client: httpx.Client, two_tier_policy: Any
 ) -> None:
     looping, healthy = make_stub(), make_stub()
     looping.stream_texts = ["ab"] * 30
-    policy = _policy(tmp_path, "{tiers: [], holdback_chars: 64}")  # off
+    policy = two_tier_policy(escalation="{tiers: [], holdback_chars: 64}")  # off
     gateway = start_gateway(looping.url, healthy.url, policy_path=policy, watch_policy=False)
     assert _content(_stream(client, f"{gateway}/v1/chat/completions")) == "ab" * 30
     assert healthy.requests == []
     looping.stream_texts = ["The capital ", "of France ", "is Paris."]
-    policy = _policy(tmp_path, "{tiers: [t0]}")
+    policy = two_tier_policy(escalation="{tiers: [t0]}")
     watched = start_gateway(looping.url, healthy.url, policy_path=policy, watch_policy=False)
     text = _content(_stream(client, f"{watched}/v1/chat/completions"))
     assert text == "The capital of France is Paris." and healthy.requests == []
 
 
 def test_the_degenerate_tier_is_closed_not_left_generating(
-    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+    make_stub: Any, start_gateway: Any, client: httpx.Client, two_tier_policy: Any
 ) -> None:
     looping, healthy = make_stub(), make_stub()
     looping.mode = "slow"  # a chunk every 50 ms: it would go on generating unless closed
     looping.stream_texts = ["Hi ", *["KISS"] * 100]
-    policy = _policy(tmp_path, "{tiers: [t0], holdback_chars: 64}")
+    policy = two_tier_policy(escalation="{tiers: [t0], holdback_chars: 64}")
     gateway = start_gateway(looping.url, healthy.url, policy_path=policy, watch_policy=False)
     assert _content(_stream(client, f"{gateway}/v1/chat/completions")).startswith("Hi KISSw0")
     assert looping.stream_cancelled.wait(10)  # its connection closed: vLLM would abort
@@ -153,12 +143,12 @@ def test_the_degenerate_tier_is_closed_not_left_generating(
 
 
 def test_held_text_reaches_the_client_when_no_tier_can_continue(
-    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any, refused_url: str
+    make_stub: Any, start_gateway: Any, client: httpx.Client, two_tier_policy: Any, refused_url: str
 ) -> None:
     dying = make_stub()
     dying.mode = "die"  # two chunks, then the connection drops
     dying.stream_texts = ["Hello ", "there ", "friend"]
-    policy = _policy(tmp_path, "{tiers: [t0], holdback_chars: 64}")  # both chunks held
+    policy = two_tier_policy(escalation="{tiers: [t0], holdback_chars: 64}")  # both chunks held
     gateway = start_gateway(dying.url, refused_url, policy_path=policy, watch_policy=False)
     with client.stream(
         "POST", f"{gateway}/v1/chat/completions", json={**CHAT, "stream": True}
@@ -179,12 +169,12 @@ def test_the_watch_keeps_a_bounded_tail_of_a_long_answer() -> None:
 
 
 def test_a_tier_that_keeps_escalating_a_class_is_withheld_from_it(
-    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+    make_stub: Any, start_gateway: Any, client: httpx.Client, two_tier_policy: Any
 ) -> None:
     looping, healthy = make_stub(), make_stub()
     looping.stream_texts = ["Hi ", *["KISS"] * 30]
     guard = "{window: 4, min_samples: 2, max_rate: 0.5}"
-    policy = _policy(tmp_path, f"{{tiers: [t0], holdback_chars: 64, guard: {guard}}}")
+    policy = two_tier_policy(escalation=f"{{tiers: [t0], holdback_chars: 64, guard: {guard}}}")
     gateway = start_gateway(looping.url, healthy.url, policy_path=policy, watch_policy=False)
     url = f"{gateway}/v1/chat/completions"
     for _ in range(2):  # two of two watched streams escalated: over the 50 % allowed

@@ -13,17 +13,6 @@ MODEL = "stub-model"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Capital of France?"}]}
 
 
-def _policy(tmp_path: Any, whole_answers: str = "continue", escalation: str = "{tiers: []}") -> str:
-    policy = tmp_path / "routing.yaml"
-    route = "[t0, t1]"
-    policy.write_text(
-        f"tiers: [t0, t1]\nroutes: {{tolerant: {route}, code: {route}, math: {route}, "
-        f"long: {route}}}\nfailover: {{whole_answers: {whole_answers}}}\n"
-        f"escalation: {escalation}\n"
-    )
-    return str(policy)
-
-
 def _dying_and_healthy(make_stub: Any) -> tuple[Any, Any]:
     dying, healthy = make_stub(), make_stub()
     dying.mode = "die"  # two chunks of a stream, then the connection drops
@@ -32,16 +21,17 @@ def _dying_and_healthy(make_stub: Any) -> tuple[Any, Any]:
     return dying, healthy
 
 
-def _gateway(start_gateway: Any, tmp_path: Any, *urls: str, **policy: str) -> str:
-    path = _policy(tmp_path, **policy)
+def _gateway(start_gateway: Any, policy: Any, *urls: str, **sections: str) -> str:
+    """A gateway over ``urls`` whose policy continues whole answers (unless told otherwise)."""
+    path = policy(**{"failover": "{whole_answers: continue}", **sections})
     return str(start_gateway(*urls, policy_path=path, watch_policy=False))
 
 
 def test_a_whole_chat_answer_goes_on_on_the_next_tier_and_is_sent_whole(
-    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+    make_stub: Any, start_gateway: Any, client: httpx.Client, two_tier_policy: Any
 ) -> None:
     dying, healthy = _dying_and_healthy(make_stub)
-    gateway = _gateway(start_gateway, tmp_path, dying.url, healthy.url)
+    gateway = _gateway(start_gateway, two_tier_policy, dying.url, healthy.url)
     answer = client.post(f"{gateway}/v1/chat/completions", json={**CHAT, "max_tokens": 50})
     assert answer.status_code == 200, answer.text
     assert answer.headers["content-type"] == "application/json"
@@ -67,10 +57,10 @@ def test_a_whole_chat_answer_goes_on_on_the_next_tier_and_is_sent_whole(
 
 
 def test_a_whole_completion_goes_on_from_prompt_plus_text(
-    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+    make_stub: Any, start_gateway: Any, client: httpx.Client, two_tier_policy: Any
 ) -> None:
     dying, healthy = _dying_and_healthy(make_stub)
-    gateway = _gateway(start_gateway, tmp_path, dying.url, healthy.url)
+    gateway = _gateway(start_gateway, two_tier_policy, dying.url, healthy.url)
     body = {"model": MODEL, "prompt": "Count:", "max_tokens": 30}
     whole = client.post(f"{gateway}/v1/completions", json=body).json()
     assert whole["object"] == "text_completion"
@@ -79,10 +69,10 @@ def test_a_whole_completion_goes_on_from_prompt_plus_text(
 
 
 def test_the_official_client_reads_the_assembled_answer(
-    make_stub: Any, start_gateway: Any, tmp_path: Any
+    make_stub: Any, start_gateway: Any, two_tier_policy: Any
 ) -> None:
     dying, healthy = _dying_and_healthy(make_stub)
-    gateway = _gateway(start_gateway, tmp_path, dying.url, healthy.url)
+    gateway = _gateway(start_gateway, two_tier_policy, dying.url, healthy.url)
     with openai.OpenAI(
         base_url=f"{gateway}/v1",
         api_key="x",
@@ -97,10 +87,10 @@ def test_the_official_client_reads_the_assembled_answer(
 
 
 def test_with_no_tier_left_the_client_gets_one_error_in_openais_shape(
-    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any, refused_url: str
+    make_stub: Any, start_gateway: Any, client: httpx.Client, two_tier_policy: Any, refused_url: str
 ) -> None:
     dying, _ = _dying_and_healthy(make_stub)
-    gateway = _gateway(start_gateway, tmp_path, dying.url, refused_url)
+    gateway = _gateway(start_gateway, two_tier_policy, dying.url, refused_url)
     answer = client.post(f"{gateway}/v1/chat/completions", json=CHAT)
     assert answer.status_code == 502, answer.text
     error = answer.json()["error"]
@@ -109,13 +99,15 @@ def test_with_no_tier_left_the_client_gets_one_error_in_openais_shape(
 
 
 def test_regenerate_and_what_a_stream_cannot_give_back_are_asked_whole(
-    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+    make_stub: Any, start_gateway: Any, client: httpx.Client, two_tier_policy: Any
 ) -> None:
     tier = make_stub()
-    regenerating = _gateway(start_gateway, tmp_path, tier.url, tier.url, whole_answers="regenerate")
+    regenerating = _gateway(
+        start_gateway, two_tier_policy, tier.url, tier.url, failover="{whole_answers: regenerate}"
+    )
     assert client.post(f"{regenerating}/v1/chat/completions", json=CHAT).status_code == 200
     assert "stream" not in tier.last_request["body"]
-    continuing = _gateway(start_gateway, tmp_path, tier.url, tier.url)
+    continuing = _gateway(start_gateway, two_tier_policy, tier.url, tier.url)
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
     answer = client.post(f"{continuing}/v1/chat/completions", json={**CHAT, "tools": tools})
     assert answer.status_code == 200
@@ -124,13 +116,13 @@ def test_regenerate_and_what_a_stream_cannot_give_back_are_asked_whole(
 
 
 def test_a_watched_tiers_whole_answer_that_loops_is_escalated(
-    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+    make_stub: Any, start_gateway: Any, client: httpx.Client, two_tier_policy: Any
 ) -> None:
     looping, healthy = make_stub(), make_stub()
     looping.stream_texts = ["De la ", "bibli", "é", *["KISS"] * 30]
     healthy.stream_texts = ["Paris."]
     gateway = _gateway(
-        start_gateway, tmp_path, looping.url, healthy.url, escalation="{tiers: [t0]}"
+        start_gateway, two_tier_policy, looping.url, healthy.url, escalation="{tiers: [t0]}"
     )
     answer = client.post(f"{gateway}/v1/chat/completions", json={**CHAT, "max_tokens": 60})
     assert answer.json()["choices"][0]["message"]["content"] == "De la bibliéKISS" + "Paris."
@@ -141,10 +133,10 @@ def test_a_watched_tiers_whole_answer_that_loops_is_escalated(
 
 
 def test_a_whole_answer_ended_at_its_length_has_usage(
-    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+    make_stub: Any, start_gateway: Any, client: httpx.Client, two_tier_policy: Any
 ) -> None:
     dying, healthy = _dying_and_healthy(make_stub)
-    gateway = _gateway(start_gateway, tmp_path, dying.url, healthy.url)
+    gateway = _gateway(start_gateway, two_tier_policy, dying.url, healthy.url)
     whole = client.post(f"{gateway}/v1/chat/completions", json={**CHAT, "max_tokens": 2}).json()
     assert whole["choices"][0]["message"]["content"] == "w0 w1 "
     assert whole["choices"][0]["finish_reason"] == "length"
@@ -153,11 +145,11 @@ def test_a_whole_answer_ended_at_its_length_has_usage(
 
 
 def test_errors_the_tier_gives_come_back_with_their_status(
-    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Any
+    make_stub: Any, start_gateway: Any, client: httpx.Client, two_tier_policy: Any
 ) -> None:
     refusing, other = make_stub(), make_stub()
     refusing.mode = "bad_request"  # a 400 answer to the stream asked for
-    gateway = _gateway(start_gateway, tmp_path, refusing.url, other.url)
+    gateway = _gateway(start_gateway, two_tier_policy, refusing.url, other.url)
     answer = client.post(f"{gateway}/v1/chat/completions", json=CHAT)
     assert answer.status_code == 400 and answer.json()["error"]["message"] == "bad max_tokens"
     refusing.mode, refusing.error_code = "error_event", 422  # found wrong mid-stream
