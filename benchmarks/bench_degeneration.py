@@ -90,6 +90,7 @@ def watch_answer(
         escalation.scripts.check() if escalation.scripts else None,
         0,
         chat=True,
+        confidence=escalation.logprobs.check() if escalation.logprobs else None,
     )
     body = {
         "model": MODEL,

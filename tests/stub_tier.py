@@ -50,6 +50,7 @@ class StubTier:
         self.error_code = 500  # the code of its error event (mode error_event)
         self.role_chunk = False  # a chat stream opens with a role-only delta, as vLLM's does
         self.stream_texts: list[str] | None = None  # a stream's chunks' texts (else w0, w1, ...)
+        self.stream_logprobs: list[float] | None = None  # each chat chunk's token logprob
         self.requests: list[dict[str, Any]] = []
         self.stream_started = threading.Event()
         self.stream_finished = threading.Event()
@@ -131,6 +132,9 @@ class StubTier:
         if chat:
             delta = {} if last else {"content": word}
             choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+            if self.stream_logprobs is not None and not last:
+                entry = {"token": word, "logprob": self.stream_logprobs[index]}
+                choice["logprobs"] = {"content": [entry]}
             kind = "chat.completion.chunk"
         else:
             choice = {"index": 0, "text": "" if last else word, "finish_reason": finish}

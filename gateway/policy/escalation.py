@@ -11,7 +11,7 @@ from pydantic import Field
 
 from common.operator_yaml import Section
 from gateway.policy.classes import PositiveInt
-from gateway.request.degeneration import LoopCheck, ScriptCheck
+from gateway.request.degeneration import ConfidenceCheck, LoopCheck, ScriptCheck
 
 ClassName = Literal["tolerant", "code", "math", "long"]
 
@@ -42,6 +42,17 @@ class ScriptsRule(Section):
         return ScriptCheck(self.window_chars, self.max_scripts)
 
 
+class LogprobsRule(Section):
+    """Low confidence: the mean logprob of the last ``window_tokens`` tokens under
+    ``min_mean``; only answers whose client asked for logprobs carry them."""
+
+    window_tokens: PositiveInt = 16
+    min_mean: float = Field(default=-4.0, lt=0)
+
+    def check(self) -> ConfidenceCheck:
+        return ConfidenceCheck(self.window_tokens, self.min_mean)
+
+
 class EscalationGuard(Section):
     """The live guard over escalations: a tier whose watched streams of a class escalated more
     than ``max_rate`` of the last ``window`` (at least ``min_samples``) is withheld from the
@@ -60,6 +71,7 @@ class EscalationPolicy(Section):
     holdback_chars: int = Field(default=48, ge=0)
     loop: LoopRule | None = Field(default_factory=LoopRule)
     scripts: ScriptsRule | None = Field(default_factory=ScriptsRule)
+    logprobs: LogprobsRule | None = None
     guard: EscalationGuard = Field(default_factory=EscalationGuard)
 
     def watches(self, tier: str, cls: str) -> bool:

@@ -1,7 +1,8 @@
 """Cheap online checks that a streamed answer has degenerated. Pure: text in, a verdict out.
 
-Two detectors, each run on the tail of the answer's text every time it grows (work bounded by
-its settings, not by the answer's length):
+Two detectors run on the tail of the answer's text every time it grows (work bounded by
+their settings, not by the answer's length), a third on its tokens' logprobs when the answer
+carries them:
 
 - ``find_loop``: the text ends in a unit of at most ``max_period`` characters repeated at least
   ``min_repeats`` times and covering at least ``min_chars`` characters ("SISSISSISSISS...",
@@ -13,12 +14,18 @@ its settings, not by the answer's length):
   punctuation, symbols and spaces belong to no script. The ``cut`` is where the first run of a
   script beyond the window's first ``max_scripts`` starts.
 
+- ``LowConfidence``: the mean logprob of the answer's last ``window_tokens`` sampled tokens
+  falls under ``min_mean`` (the model no longer believes what it says: garbage, usually). The
+  ``cut`` is where the text of the window's first token under ``min_mean`` starts.
+
 ``Degeneration.cut`` is a character offset into the text: what comes before it is kept.
 """
 
 from __future__ import annotations
 
 import unicodedata
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -39,8 +46,17 @@ class ScriptCheck:
 
 
 @dataclass(frozen=True)
+class ConfidenceCheck:
+    window_tokens: int = 16
+    min_mean: float = -4.0
+
+
+LOGPROB_FLOOR = -50.0  # vLLM writes -9999 for a -inf logprob: one token must not swamp a window
+
+
+@dataclass(frozen=True)
 class Degeneration:
-    kind: str  # "loop" or "scripts"
+    kind: str  # "loop", "scripts" or "logprob"
     cut: int  # keep text[:cut]
     detail: str  # what was seen, for logs and span events
 
@@ -96,6 +112,40 @@ def find_script_mix(text: str, check: ScriptCheck) -> Degeneration | None:
     cut = firsts[check.max_scripts]
     names = ", ".join(sorted(seen, key=seen.__getitem__))
     return Degeneration("scripts", cut, f"{len(seen)} scripts in {len(window)} chars: {names}")
+
+
+class LowConfidence:
+    """The rolling mean of an answer's last ``window_tokens`` token logprobs (see the module
+    docstring). Fed each event's tokens' logprobs with where the event's text starts."""
+
+    def __init__(self, check: ConfidenceCheck) -> None:
+        self.check = check
+        self._window: deque[tuple[float, int]] = deque()  # (logprob, its text's start)
+        self._total = 0.0
+
+    def add(self, logprobs: Iterable[float], start: int) -> Degeneration | None:
+        """The verdict after these tokens, or None."""
+        size = self.check.window_tokens
+        for logprob in logprobs:
+            value = max(logprob, LOGPROB_FLOOR)
+            self._window.append((value, start))
+            self._total += value
+            if len(self._window) > size:
+                self._total -= self._window.popleft()[0]
+        if len(self._window) < size:
+            return None
+        mean = self._total / size
+        if mean >= self.check.min_mean:
+            return None
+        # Cut where the drop begins: the window's first token under the mean asked for.
+        cut = next(start for value, start in self._window if value < self.check.min_mean)
+        detail = f"mean logprob {mean:.2f} over the last {size} tokens"
+        return Degeneration("logprob", cut, detail)
+
+    def clear(self) -> None:
+        """The answer goes on elsewhere: the next tier's tokens start a new window."""
+        self._window.clear()
+        self._total = 0.0
 
 
 # Scripts one language writes together: Japanese mixes kana and kanji, Korean hangul and hanja.

@@ -100,6 +100,7 @@ class Resumer:
                 escalation.scripts.check() if escalation.scripts else None,
                 escalation.holdback_chars,
                 asked.path == CHAT,
+                escalation.logprobs.check() if escalation.logprobs else None,
             )
 
     def watched(self, tier: TierEndpoint, degenerated: bool) -> None:

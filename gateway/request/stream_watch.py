@@ -22,8 +22,10 @@ from gateway.errors import SERVER_ERROR, APIError
 from gateway.request.continuation import event_data
 from gateway.request.degeneration import (
     LOOKBACK,
+    ConfidenceCheck,
     Degeneration,
     LoopCheck,
+    LowConfidence,
     ScriptCheck,
     find_loop,
     find_script_mix,
@@ -44,9 +46,16 @@ class StreamWatch:
     """One streamed answer's watch (see the module docstring)."""
 
     def __init__(
-        self, loop: LoopCheck | None, scripts: ScriptCheck | None, holdback: int, chat: bool
+        self,
+        loop: LoopCheck | None,
+        scripts: ScriptCheck | None,
+        holdback: int,
+        chat: bool,
+        confidence: ConfidenceCheck | None = None,
     ) -> None:
         self.loop, self.scripts, self.holdback, self.chat = loop, scripts, holdback, chat
+        # Only an answer that carries its tokens' logprobs (the client asked) is checked.
+        self._confidence = LowConfidence(confidence) if confidence is not None else None
         # The answer's text (sent, then held) is kept as its tail: ``text`` starts at character
         # ``_base`` of the answer. Positions (``sent``, the held spans, cuts) count from the
         # answer's start.
@@ -66,15 +75,16 @@ class StreamWatch:
         """Complete events in, the events that may go to the client now out."""
         ending = False
         for data in event_data(events):
-            event, text, last = self._read(data)
+            event, text, last, logprobs = self._read(data)
             start = self.end
             self.text += text
             self._held.append(_Held(b"data: " + data + b"\n\n", event, start, self.end))
             ending = ending or last
-            if text:
-                verdict = self._check()
-                if verdict is not None:
-                    return self._cut(verdict)
+            verdict = self._check() if text else None
+            if verdict is None and logprobs and self._confidence is not None:
+                verdict = self._confidence.add(logprobs, start)
+            if verdict is not None:
+                return self._cut(verdict)
         out = self._release(self.end if ending else self.end - self.holdback)
         if len(self.text) > 2 * self._keep:  # a bounded tail: the checks read no further back
             drop = min(len(self.text) - self._keep, self.sent - self._base)
@@ -91,23 +101,26 @@ class StreamWatch:
         self._held = []
         self.text = self.text[: self.sent - self._base]
         self.verdict = None
+        if self._confidence is not None:
+            self._confidence.clear()
 
-    def _read(self, data: bytes) -> tuple[dict[str, Any] | None, str, bool]:
-        """(the event, its text, whether it ends the answer)."""
+    def _read(self, data: bytes) -> tuple[dict[str, Any] | None, str, bool, list[float]]:
+        """(the event, its text, whether it ends the answer, its tokens' logprobs)."""
         if data == b"[DONE]":
-            return None, "", True
+            return None, "", True, []
         try:
             event = json.loads(data)
         except ValueError:
-            return None, "", False
+            return None, "", False, []
         if not isinstance(event, dict):
-            return None, "", False
+            return None, "", False, []
         choices = event.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            return None, "", bool(event.get("usage"))
+            return None, "", bool(event.get("usage")), []
         choice = choices[0]
         text = _text(choice, self.chat)
-        return (event if text else None), text, bool(choice.get("finish_reason"))
+        logprobs = _logprobs(choice, self.chat) if self._confidence is not None else []
+        return (event if text else None), text, bool(choice.get("finish_reason")), logprobs
 
     def _check(self) -> Degeneration | None:
         """A verdict on the text kept, its cut counted from the answer's start."""
@@ -161,6 +174,21 @@ def _text(choice: dict[str, Any], chat: bool) -> str:
     delta = choice.get("delta")
     content = delta.get("content") if isinstance(delta, dict) else None
     return content if isinstance(content, str) else ""
+
+
+def _logprobs(choice: dict[str, Any], chat: bool) -> list[float]:
+    """The sampled tokens' logprobs an event's choice carries (none unless the client asked)."""
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, dict):
+        return []
+    if chat:
+        content = logprobs.get("content")
+        entries = content if isinstance(content, list) else []
+        values = [e.get("logprob") for e in entries if isinstance(e, dict)]
+    else:
+        listed = logprobs.get("token_logprobs")
+        values = listed if isinstance(listed, list) else []
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
 class Degenerated(APIError):

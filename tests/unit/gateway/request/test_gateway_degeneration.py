@@ -81,3 +81,26 @@ def test_the_checks_read_a_bounded_tail_whatever_the_length() -> None:
         find_loop(long, LOOP)
         find_script_mix(long, SCRIPTS)
     assert time.perf_counter() - started < 1.0  # ~10 ms a call would be linear in the length
+
+
+def test_low_confidence_needs_a_full_window_under_the_mean() -> None:
+    from gateway.request.degeneration import ConfidenceCheck, LowConfidence
+
+    watch = LowConfidence(ConfidenceCheck(window_tokens=4, min_mean=-3.0))
+    assert watch.add([-0.1, -0.2], start=0) is None
+    assert watch.add([-8.0], start=5) is None  # three tokens: no window yet
+    assert watch.add([-0.3], start=9) is None  # mean -2.15: confident enough
+    found = watch.add([-6.0, -7.0], start=12)  # the window: -8, -0.3, -6, -7
+    assert found is not None and found.kind == "logprob"
+    assert found.cut == 5  # where the window's first token under the mean starts
+    assert "-5.33" in found.detail
+    watch.clear()
+    assert watch.add([-9.0] * 3, start=20) is None  # a new window after clear
+
+
+def test_a_minus_infinity_logprob_counts_as_the_floor() -> None:
+    from gateway.request.degeneration import LOGPROB_FLOOR, ConfidenceCheck, LowConfidence
+
+    watch = LowConfidence(ConfidenceCheck(window_tokens=2, min_mean=-30.0))
+    assert watch.add([-9999.0, -0.1], start=0) is None  # (-50 - 0.1) / 2 > -30
+    assert LOGPROB_FLOOR == -50.0

@@ -188,3 +188,48 @@ def test_a_tier_that_keeps_escalating_a_class_is_withheld_from_it(
     assert len(looping.requests) == asked
     metrics = client.get(f"{gateway}/metrics").text
     assert 'gateway_live_guard_trips_total{class="tolerant",tier="t0"} 1.0' in metrics
+
+
+def _logprob_chunk(text: str, *logprobs: float) -> bytes:
+    content = [{"token": "t", "logprob": lp} for lp in logprobs]
+    choice = {"index": 0, "delta": {"content": text}, "logprobs": {"content": content}}
+    return b"data: " + json.dumps({"id": "a", "choices": [choice]}).encode() + b"\n\n"
+
+
+def test_low_confidence_cuts_where_its_window_began() -> None:
+    from gateway.request.degeneration import ConfidenceCheck
+
+    confident = ConfidenceCheck(window_tokens=3, min_mean=-4.0)
+    watching = StreamWatch(None, None, 10, chat=True, confidence=confident)
+    out = watching.feed(_logprob_chunk("Paris is ", -0.1, -0.2) + _logprob_chunk("the ", -0.1))
+    out += watching.feed(_logprob_chunk("capital", -0.3))
+    assert texts(out) == "Paris is "  # "the capital" held back
+    out += watching.feed(_logprob_chunk("zq", -9.0) + _logprob_chunk("vx", -8.0))
+    assert watching.verdict is not None and watching.verdict.kind == "logprob"
+    # The window (-0.3, -9, -8) drops at "zq": the answer is cut before it.
+    assert texts(out) == "Paris is the capital"
+    # Without logprobs in the events (the client did not ask), the check sees nothing.
+    plain = StreamWatch(None, None, 0, chat=True, confidence=confident)
+    plain.feed(chunk("zq") + chunk("vx") + chunk("wy"))
+    assert plain.verdict is None
+
+
+def test_a_tier_losing_confidence_is_escalated_when_the_client_asked_logprobs(
+    make_stub: Any, start_gateway: Any, client: httpx.Client, two_tier_policy: Any
+) -> None:
+    unsure, healthy = make_stub(), make_stub()
+    unsure.stream_texts = ["Paris ", "is ", "zq", "vx", "wy", "kj"]
+    unsure.stream_logprobs = [-0.1, -0.2, -9.0, -8.0, -9.5, -7.0]
+    healthy.stream_texts = ["the capital."]
+    rule = "{tiers: [t0], holdback_chars: 64, logprobs: {window_tokens: 3, min_mean: -4.0}}"
+    gateway = start_gateway(
+        unsure.url, healthy.url, policy_path=two_tier_policy(escalation=rule), watch_policy=False
+    )
+    body = {**CHAT, "stream": True, "max_tokens": 60, "logprobs": True}
+    with client.stream("POST", f"{gateway}/v1/chat/completions", json=body) as answer:
+        lines = [line for line in answer.iter_lines() if line]
+    assert _content(lines) == "Paris is " + "the capital."
+    assert ": answer continued on tier t1 after tier t0 degenerated (logprob)" in lines
+    # Asked without logprobs, the same answer carries none to judge: not escalated.
+    unsure.stream_logprobs = None
+    assert _content(_stream(client, f"{gateway}/v1/chat/completions")) == "Paris is zqvxwykj"
