@@ -43,10 +43,13 @@ _WHOLE_ONLY = (
 # out, as vLLM leaves it out.
 _MESSAGE = {"role": "assistant", "content": None, "refusal": None, "annotations": None,
             "audio": None, "function_call": None, "reasoning": None}  # fmt: skip
-_CHOICE = {"logprobs": None, "finish_reason": None, "stop_reason": None, "token_ids": None}
-_ANSWER = {"service_tier": None, "system_fingerprint": None, "usage": None}
-_CHAT_ANSWER = {"prompt_logprobs": None, "prompt_token_ids": None, "kv_transfer_params": None}
-_COMPLETION_ANSWER = {"kv_transfer_params": None}
+_CHOICE = {"logprobs": None, "finish_reason": None, "stop_reason": None, "token_ids": None,
+           "routed_experts": None}  # fmt: skip
+_COMPLETION_CHOICE = {"prompt_logprobs": None, "prompt_token_ids": None}
+_ANSWER = {"service_tier": None, "system_fingerprint": None, "usage": None,
+           "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}  # fmt: skip
+_CHAT_ANSWER = {"prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None}
+_USAGE = {"prompt_tokens_details": None, "completion_tokens_details": None}
 
 
 def assemblable(body: Mapping[str, Any], path: str) -> bool:
@@ -118,7 +121,8 @@ class _Choice:
             choice["message"] = message
         else:
             choice["text"] = texts.get("text", "")
-        return {**choice, **_CHOICE, **self.rest, "logprobs": self.logprobs}
+        defaults = _CHOICE if chat else {**_CHOICE, **_COMPLETION_CHOICE}
+        return {**choice, **defaults, **self.rest, "logprobs": self.logprobs}
 
 
 class Assembler:
@@ -161,8 +165,11 @@ class Assembler:
             return Assembled(failure or 502, _dumps({"error": self.error}))
         if not self.answer:
             return Assembled(failure or 502, _dumps({"error": _empty_error()}))
-        defaults = {**_ANSWER, **(_CHAT_ANSWER if self.chat else _COMPLETION_ANSWER)}
+        defaults = {**_ANSWER, **_CHAT_ANSWER} if self.chat else _ANSWER
         answer = {**defaults, **self.answer}
+        usage = answer["usage"]
+        if isinstance(usage, dict):  # a stream's usage leaves its null fields out
+            answer["usage"] = {**usage, **{k: v for k, v in _USAGE.items() if k not in usage}}
         answer["object"] = "chat.completion" if self.chat else "text_completion"
         answer["choices"] = [self.choices[i].whole(self.chat) for i in sorted(self.choices)]
         return Assembled(200, _dumps(answer))

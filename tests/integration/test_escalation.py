@@ -15,7 +15,7 @@ from tests.integration.conftest import MODEL, Stack, apply_policy, route_chain
 
 pytestmark = pytest.mark.integration
 PROMPTS = ("Hi! How are you doing today?", "Write a Python function that adds two numbers.")
-OFF = "escalation:\n  tiers: []\n"
+SHIPPED = "escalation:\n  tiers: [int4]\n"
 
 
 @pytest.mark.slow
@@ -39,9 +39,9 @@ def test_a_looping_tier_is_cut_and_its_answer_continued_on_the_next(stack: Stack
         "stream": True,
     }
     original = stack.policy.read_text()
-    assert OFF in original
+    assert SHIPPED in original
     try:
-        apply_policy(stack, original.replace(OFF, f"escalation:\n  tiers: [{watched}]\n"))
+        apply_policy(stack, original.replace(SHIPPED, f"escalation:\n  tiers: [{watched}]\n"))
         with httpx.stream(
             "POST", f"{stack.gateway_url}/v1/chat/completions", json=body, timeout=120
         ) as answer:

@@ -104,6 +104,7 @@ def test_admin_policy_shows_the_policy_and_reloads(
         .replace("[fp16, int8, int4]", "[t0]")
         .replace("tiers: [int4, int8, fp16], derive", "tiers: [t0], derive")
         .replace("tiers: [fp16, int8], derive", "tiers: [t0], derive")
+        .replace("escalation:\n  tiers: [int4]", "escalation:\n  tiers: [t0]")
     )
     headers = {"Authorization": f"Bearer {ADMIN}"}
     gateway = start_gateway(
