@@ -9,6 +9,7 @@ from typing import Any
 from uuid import uuid4
 
 import httpx
+import openai
 import pytest
 import redis
 
@@ -101,6 +102,18 @@ def start_gateway(start_server: Callable[..., str]) -> Callable[..., str]:
         return start_server(create_app(config), **server_options(config))
 
     return start
+
+
+def official_client(gateway: str) -> openai.OpenAI:
+    """The official ``openai`` client on a gateway's URL: no retries, bounded timeout, no
+    env proxies."""
+    return openai.OpenAI(
+        base_url=f"{gateway}/v1",
+        api_key="x",
+        max_retries=0,
+        timeout=10,
+        http_client=openai.DefaultHttpxClient(trust_env=False),
+    )
 
 
 @pytest.fixture

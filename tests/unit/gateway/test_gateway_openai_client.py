@@ -8,6 +8,8 @@ from typing import Any
 import openai
 import pytest
 
+from tests.unit.gateway.conftest import official_client
+
 MODEL = "stub-model"
 MESSAGES: list[Any] = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -15,13 +17,7 @@ MESSAGES: list[Any] = [{"role": "user", "content": "What is the capital of Franc
 @pytest.fixture
 def api(stub: Any, start_gateway: Any) -> Iterator[openai.OpenAI]:
     gateway = start_gateway(stub.url)
-    with openai.OpenAI(
-        base_url=f"{gateway}/v1",
-        api_key="x",
-        max_retries=0,
-        timeout=10,
-        http_client=openai.DefaultHttpxClient(trust_env=False),
-    ) as client:
+    with official_client(gateway) as client:
         yield client
 
 

@@ -7,10 +7,10 @@ import json
 from typing import Any
 
 import httpx
-import openai
 
 from gateway.config import TierEndpoint
 from gateway.request.resume import rest_of_chain
+from tests.unit.gateway.conftest import official_client
 
 MODEL = "stub-model"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Capital of France?"}]}
@@ -121,13 +121,7 @@ def test_the_official_client_reads_the_continued_stream_as_one(
 ) -> None:
     dying, healthy = _dying_and_healthy(make_stub)
     gateway = start_gateway(dying.url, healthy.url)
-    with openai.OpenAI(
-        base_url=f"{gateway}/v1",
-        api_key="x",
-        max_retries=0,
-        timeout=10,
-        http_client=openai.DefaultHttpxClient(trust_env=False),
-    ) as api:
+    with official_client(gateway) as api:
         chunks = list(
             api.chat.completions.create(model=MODEL, messages=CHAT["messages"], stream=True)
         )

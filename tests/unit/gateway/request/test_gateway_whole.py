@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-import openai
+
+from tests.unit.gateway.conftest import official_client
 
 MODEL = "stub-model"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Capital of France?"}]}
@@ -76,13 +77,7 @@ def test_the_official_client_reads_the_assembled_answer(
 ) -> None:
     dying, healthy = _dying_and_healthy(make_stub)
     gateway = _gateway(start_gateway, two_tier_policy, dying.url, healthy.url)
-    with openai.OpenAI(
-        base_url=f"{gateway}/v1",
-        api_key="x",
-        max_retries=0,
-        timeout=10,
-        http_client=openai.DefaultHttpxClient(trust_env=False),
-    ) as api:
+    with official_client(gateway) as api:
         completion = api.chat.completions.create(model=MODEL, messages=CHAT["messages"])
     assert completion.choices[0].message.content == "w0 w1 w0 w1 w2 "
     assert completion.usage is not None and completion.usage.completion_tokens == 5
