@@ -6,7 +6,8 @@
 - ``GET /admin/tiers``: each tier's state, last scrape, load and in-flight count (all replicas).
 - ``GET /admin/resets``: the reset schedule, the leader, the reset under way and the history.
 - ``POST /admin/resets/{tier}``: reset a tier now (queued for the leading replica; the safety
-  rules still hold: one tier at a time, never the last ready tier of a class).
+  rules still hold: one tier at a time, never the last ready tier of a class; a refused one
+  is asked again for a while, then recorded as ``refused``: gateway/control/resets.py).
 """
 
 from __future__ import annotations

@@ -222,6 +222,10 @@ class GatewayMetrics:
         self.resets.labels(tier=tier, outcome=outcome).inc()
         self.reset_duration.labels(tier=tier).observe(max(seconds, 0.0))
 
+    def reset_refused(self, tier: str) -> None:
+        """An operator's "reset now" of ``tier`` that the safety rules kept refusing."""
+        self.resets.labels(tier=tier, outcome="refused").inc()
+
     def background_error(self, loop: str) -> None:
         """A background loop (scrape, resets, policy_watch, dns) failed and will start again."""
         self.background_errors.labels(loop).inc()

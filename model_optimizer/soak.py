@@ -78,6 +78,8 @@ def soak(
             try:
                 record = reset_now(url, reset_tier, admin_key or "", timeout=seconds * 3.5)
                 outcome = str(record["outcome"])
+                if outcome != "ok":
+                    outcome += f": {record.get('detail', '')}"
             except ResetNotDone as exc:
                 outcome = str(exc)
             say(f"reset of {reset_tier}: {outcome}")

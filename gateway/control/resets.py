@@ -7,7 +7,10 @@ fencing token) acts:
 
 1. it picks at most one tier (gateway/control/reset_schedule.py: window, quiet, interval, triggers,
    never a tier whose class would be left with no ready tier, never two at once), or the tier
-   an operator asked for (``POST /admin/resets/{tier}``, queued for whichever replica leads);
+   an operator asked for (``POST /admin/resets/{tier}``, queued for whichever replica leads;
+   one the safety rules refuse is asked again each tick, since what refuses it usually passes:
+   another reset under way, a tier restarting; after ``FORCED_PATIENCE`` seconds it is
+   recorded as ``refused`` with the reason, so the operator is never left without an answer);
 2. marks it ``draining`` in shared state (a tier that is a pool of several endpoints stays in
    routing instead: its endpoints are drained and reset one at a time, never the last ready
    one, gateway/control/pool_resets.py): every replica's router sends its traffic down the
@@ -34,11 +37,11 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from functools import partial
 
 import anyio
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from backends.client import TierClient, TierClientError
 from backends.tier_state import TierState
@@ -50,6 +53,7 @@ from gateway.control.reset_marks import (
     endpoint_marks_value,
     json_object,
 )
+from gateway.control.reset_records import RECORD, Forced, ResetRecord, int_or, number
 from gateway.control.reset_schedule import ResetDecision, TierResetState, choose_reset
 from gateway.control.ttft_drift import TtftDrift
 from gateway.runtime import Runtime
@@ -60,25 +64,7 @@ logger = logging.getLogger(__name__)
 
 CURRENT, HISTORY, REQUESTS = "reset:current", "reset:history", "reset:queue"
 RATE_WINDOW = 10.0  # seconds of traffic behind each quiet check
-
-
-@dataclass(frozen=True)
-class ResetRecord:
-    """One reset, as /admin/resets shows it."""
-
-    tier: str
-    started_at: float  # epoch seconds
-    seconds: float
-    outcome: str  # ok | unverified | failed | gave_up | lost_lock | abandoned
-    detail: str
-    reason: str
-    leader: str
-    token: int
-    preemptions: float = 0.0  # the tier's preemption counter at the reset (for triggers)
-    # Seconds per phase (drain, reset, warm_up) of a single-endpoint reset, as far as it got
-    # (the last one is where a failed or cut-off reset stopped): where a slow reset spent its
-    # time. A pool's rolling reset records none.
-    phases: dict[str, float] = field(default_factory=dict)
+FORCED_PATIENCE = 120.0  # seconds an operator's refused "reset now" is asked again
 
 
 class ResetCoordinator:
@@ -135,20 +121,36 @@ class ResetCoordinator:
         token = await self.lock.acquire()
         if token is None:
             if queued is not None:  # not ours to do: put it back for the leader
-                await self.records.push(REQUESTS, queued)
+                await self.records.push(REQUESTS, queued.encode())
             return None
         if not self.lock.cut_off:  # alone, it cannot tell a live leader from a dead one
             await self._close_abandoned(token)
         states = await self._tier_states()
-        decision = choose_reset(self.clock(), policy, states, quiet_for, force=queued)
+        force = queued.tier if queued is not None else None
+        decision = choose_reset(self.clock(), policy, states, quiet_for, force=force)
         self.last_decision = decision
         if decision.tier is not None:
             await self.reset(decision.tier, decision.reason, token)
+        elif queued is not None:
+            await self._refused(queued, decision.reason, token)
         return decision
 
     async def request(self, tier: str) -> None:
         """Queue an operator's "reset now" for whichever replica leads."""
-        await self.records.push(REQUESTS, tier)
+        await self.records.push(REQUESTS, Forced(tier, self.clock()).encode())
+
+    async def _refused(self, queued: Forced, reason: str, token: int) -> None:
+        """Ask a refused "reset now" again next tick; past ``FORCED_PATIENCE``, record why not."""
+        now = self.clock()
+        if now - queued.asked_at < FORCED_PATIENCE:
+            await self.records.push(REQUESTS, queued.encode())
+            return
+        waited = f" (asked {now - queued.asked_at:.0f} s ago)"
+        record = ResetRecord(queued.tier, now, 0.0, "refused", reason + waited,
+                             "forced by an operator", self._holder(), token)  # fmt: skip
+        await self.records.push(HISTORY, json.dumps(asdict(record)))
+        self.runtime.metrics.reset_refused(queued.tier)
+        logger.warning("reset of tier %s: %s%s", queued.tier, reason, waited)
 
     # ------------------------------------------------------------------ one reset
 
@@ -278,17 +280,17 @@ class ResetCoordinator:
             logger.warning("shared %s holds no reset record (%.60r); cleared", CURRENT, raw)
             await self.records.put(CURRENT, None, ttl=1)
             return
-        if _int(current.get("token"), token) >= token:
+        if int_or(current.get("token"), token) >= token:
             return  # our own, or not older
         record = ResetRecord(
             str(current.get("tier")),
-            _float(current.get("started_at")),
+            number(current.get("started_at")),
             0.0,
             "abandoned",
             f"leader {current.get('leader')} (token {current.get('token')}) stopped mid-reset",
             "",
             self._holder(),
-            _int(current.get("token"), 0),
+            int_or(current.get("token"), 0),
         )
         await self.records.push(HISTORY, json.dumps(asdict(record)))
         await self.records.put(CURRENT, None, ttl=1)
@@ -307,9 +309,15 @@ class ResetCoordinator:
             self.quiet_since = None
         return 0.0 if self.quiet_since is None else now - self.quiet_since
 
-    async def _next_request(self) -> str | None:
-        queued = await self.records.pop(REQUESTS)
-        return queued if queued in self.runtime.board.tiers else None
+    async def _next_request(self) -> Forced | None:
+        raw = await self.records.pop(REQUESTS)
+        if raw is None:
+            return None
+        queued = Forced.decode(raw, self.clock())
+        if queued.tier not in self.runtime.board.tiers:
+            logger.warning("queued reset of an unknown tier dropped: %.60r", raw)
+            return None
+        return queued
 
     async def _tier_states(self) -> list[TierResetState]:
         history = await self.history()
@@ -352,7 +360,7 @@ class ResetCoordinator:
         records = []
         for item in await self.records.items(HISTORY, count):
             try:
-                records.append(_RECORD.validate_json(item))
+                records.append(RECORD.validate_json(item))
             except ValidationError:
                 logger.debug("shared %s entry is not a reset record: %.60r", HISTORY, item)
         return records
@@ -382,16 +390,3 @@ class ResetCoordinator:
             )
             self._clients[key] = client
         return self._clients[key]
-
-
-_RECORD = TypeAdapter(ResetRecord)
-
-
-def _int(value: object, default: int) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-def _float(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return 0.0
-    return float(value)

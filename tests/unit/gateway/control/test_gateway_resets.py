@@ -18,7 +18,7 @@ from backends.tier_state import TierState
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint
 from gateway.control.reset_marks import MARKS, MarksPublisher, apply_shared_marks, parse_marks
-from gateway.control.resets import CURRENT, HISTORY, ResetCoordinator
+from gateway.control.resets import CURRENT, FORCED_PATIENCE, HISTORY, REQUESTS, ResetCoordinator
 from gateway.runtime import Runtime
 from gateway.shared.leader import LeaderLock
 from gateway.shared.records import SharedRecords
@@ -81,6 +81,13 @@ def _with_coordinator(
     async def main() -> Any:
         async with app.router.lifespan_context(app):
             runtime: Runtime = app.state.runtime
+
+            async def idle() -> None:
+                return None
+
+            # The app's own coordinator (real clock, its own local lock) would race this one
+            # for the queue of "reset now" requests: it sits out the scenario.
+            app.state.resets.tick = idle
             lock = LeaderLock(None, "test:leader", ttl=30.0)
             await lock.start()
             coordinator = ResetCoordinator(
@@ -415,3 +422,69 @@ def test_a_replica_cut_off_from_redis_never_calls_a_live_leaders_reset_abandoned
     assert cut_off
     assert history == []
     assert current is not None and marks is not None
+
+
+def test_a_refused_reset_now_is_asked_again_until_it_can_be_done(
+    three_stubs: list[str], tmp_path: Path
+) -> None:
+    """An operator's "reset now" that finds another tier draining waits its turn (it used to
+    be dropped without a record: the operator's poll of /admin/resets never saw an answer)."""
+
+    async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
+        runtime.board.set_state("fp16", TierState.DRAINING)
+        await coordinator.request("int4")
+        first = await coordinator.tick()
+        history_while_refused = await coordinator.history()
+        runtime.board.set_state("fp16", None)
+        clock[0] += 30
+        second = await coordinator.tick()
+        return first, history_while_refused, second, await coordinator.history()
+
+    clock = [NOON]
+    (first, waiting, second, history), calls = _with_coordinator(
+        three_stubs, _policy(tmp_path), scenario, clock
+    )
+    assert first.tier is None and "fp16 is draining" in first.reason
+    assert waiting == []
+    assert second.tier == "int4"
+    assert [(r.tier, r.outcome) for r in history] == [("int4", "ok")]
+    assert calls == ["reset", "warm_up"]
+
+
+def test_a_reset_now_refused_for_too_long_is_recorded_with_the_reason(
+    three_stubs: list[str], tmp_path: Path
+) -> None:
+    async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
+        runtime.board.set_state("fp16", TierState.DRAINING)
+        await coordinator.request("int4")
+        await coordinator.tick()
+        clock[0] += FORCED_PATIENCE + 1
+        await coordinator.tick()
+        clock[0] += 1
+        after = await coordinator.tick()  # nothing left queued
+        runtime.board.set_state("fp16", None)
+        return after, await coordinator.history(), runtime.metrics
+
+    clock = [NOON]
+    (after, history, metrics), calls = _with_coordinator(
+        three_stubs, _policy(tmp_path), scenario, clock
+    )
+    assert [(r.tier, r.outcome) for r in history] == [("int4", "refused")]
+    assert "fp16 is draining" in history[0].detail and "asked 121 s ago" in history[0].detail
+    assert history[0].started_at == NOON + FORCED_PATIENCE + 1
+    assert after.tier is None and "forced" not in after.reason
+    assert metrics.resets.labels(tier="int4", outcome="refused")._value.get() == 1
+    assert calls == []
+
+
+def test_a_queued_bare_tier_name_from_an_older_replica_is_still_reset(
+    three_stubs: list[str], tmp_path: Path
+) -> None:
+    async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
+        await SharedRecords(runtime.shared).push(REQUESTS, "int8")
+        await SharedRecords(runtime.shared).push(REQUESTS, "t9")  # unknown: dropped
+        return await coordinator.tick(), await coordinator.tick()
+
+    (first, second), calls = _with_coordinator(three_stubs, _policy(tmp_path), scenario, [NOON])
+    assert first.tier == "int8" and second.tier is None
+    assert calls == ["reset", "warm_up"]
