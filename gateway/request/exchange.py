@@ -183,9 +183,14 @@ class Exchange:
         """The whole answer was sent (or sending it failed): finish."""
         await self._finish()
 
-    async def stream_ended(self, status: int, output_tokens: int) -> None:
-        """The streamed answer is over (done, failed or the client left): finish."""
+    async def stream_ended(
+        self, status: int, output_tokens: int, prompt_tokens: int | None = None
+    ) -> None:
+        """The streamed answer is over (done, failed or the client left): finish. With the
+        tier's ``prompt_tokens`` (its usage event) the prompt is not counted again."""
         self.output_tokens = output_tokens
+        if prompt_tokens:
+            self.input_tokens, self.count_input = prompt_tokens, None
         self.set_outcome(status)
         await self._finish()
 
@@ -279,6 +284,7 @@ class SSECounter:
         self._partial = b""
         self.events = 0
         self.usage_tokens: int | None = None
+        self.prompt_tokens: int | None = None  # the tier's count, from its usage event
         self.completed = False  # the tier's stream ended normally
         self.failure: int | None = None  # status of the error that ended it early
 
@@ -302,6 +308,8 @@ class SSECounter:
                 usage = {}
             if isinstance(usage.get("completion_tokens"), int):
                 self.usage_tokens = usage["completion_tokens"]
+            if isinstance(usage.get("prompt_tokens"), int):
+                self.prompt_tokens = usage["prompt_tokens"]
         if b'"choices":[]' not in data.replace(b" ", b""):
             self.events += 1
 

@@ -36,12 +36,14 @@ from gateway.request.body import (
     wants_stream,
 )
 from gateway.request.chain import NO_SERVER, open_chain
+from gateway.request.continuation import unresumable
 from gateway.request.endpoint_choice import Saturation, endpoint_id, session_key
 from gateway.request.exchange import Exchange, usage_tokens
 from gateway.request.plan import assess, plan_route, route_headers
 from gateway.request.prompt_count import count_prompt
 from gateway.request.relay import UpstreamStreamingResponse, unless_client_leaves, whole_response
 from gateway.request.resume import Asked, stream_resumer
+from gateway.request.stream_usage import asking_usage
 from gateway.request.upstream import aclose_quietly
 from gateway.request.whole import assembled_answer
 from gateway.runtime import Runtime, get_runtime
@@ -145,6 +147,13 @@ async def _completion(
         active.policy.failover.assembles and not wants_stream(body) and assemblable(body, path)
     )
     upstream_body = as_stream(body) if assembling else body
+    # A stream that can be continued asks its tier for usage, which ends the answer with the
+    # prompt's tokens as the tier counted them: nothing to count after it (stream_usage.py).
+    usage_asked = True
+    if not assembling and wants_stream(body) and unresumable(body, path) is None:
+        with_usage = asking_usage(body)
+        if with_usage is not None:
+            upstream_body, usage_asked = with_usage, False
     # A stream's headers come once the tier has scheduled it (time in its queue, then the
     # prompt's prefill): giving up on a silent tier is safe. A whole answer's come when it is
     # complete: giving up would generate it again on the next tier, so read_timeout bounds it.
@@ -199,8 +208,9 @@ async def _completion(
             # From here on the streaming response owns the upstream and finishes the exchange;
             # its shadow job (no answer) is counted as dropped (streaming) when drawn.
             stream = UpstreamStreamingResponse(
-                runtime.upstream, tier, response, answer_headers, exchange, full, resumer
-            )
+                runtime.upstream, tier, response, answer_headers, exchange, full, resumer,
+                usage_asked=usage_asked,
+            )  # fmt: skip
             return stream, shadow
         raw = await runtime.upstream.read(tier, response)
         prompt_tokens, exchange.output_tokens = usage_tokens(raw)

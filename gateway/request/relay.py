@@ -30,6 +30,7 @@ from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError, error_body, 
 from gateway.request.chain import NO_SERVER, open_chain
 from gateway.request.exchange import Exchange, SSECounter
 from gateway.request.resumable import relay_resumable
+from gateway.request.stream_usage import without_usage
 from gateway.request.upstream import Upstream, aclose_quietly
 
 if TYPE_CHECKING:
@@ -160,9 +161,12 @@ class UpstreamStreamingResponse(StreamingResponse):
         exchange: Exchange | None = None,
         full: bool = True,
         resumer: Resumer | None = None,
+        usage_asked: bool = True,
     ) -> None:
         """``full``: a failure mid-stream tells the client everything (see gateway/errors.py);
-        ``resumer``: continues the answer on another tier when its own fails mid-stream."""
+        ``resumer``: continues the answer on another tier when its own fails mid-stream;
+        ``usage_asked`` False: the gateway asked the tier for the usage event, which the
+        client is not sent (gateway/request/stream_usage.py; with a ``resumer`` only)."""
         self._upstream_response = response
         self._exchange = exchange
         self._counter = SSECounter()
@@ -176,6 +180,8 @@ class UpstreamStreamingResponse(StreamingResponse):
             self._chunks = relay_resumable(
                 upstream, tier, response, self._counter, first_byte, full, resumer
             )
+            if not usage_asked:
+                self._chunks = without_usage(self._chunks)
         super().__init__(
             self._chunks,
             status_code=response.status_code,
@@ -206,7 +212,10 @@ class UpstreamStreamingResponse(StreamingResponse):
                 await self._chunks.aclose()
                 await aclose_quietly(self._upstream_response)
                 if self._exchange is not None:
-                    await self._exchange.stream_ended(self._counter.status, self._counter.tokens)
+                    counter = self._counter
+                    await self._exchange.stream_ended(
+                        counter.status, counter.tokens, counter.prompt_tokens
+                    )
 
 
 async def unless_client_leaves(request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
