@@ -70,7 +70,7 @@ def test_a_stream_takes_its_prompt_tokens_from_the_tier_and_sends_no_usage(
 ) -> None:
     tier = make_stub()
     gateway = start_gateway(tier.url)
-    body = {**CHAT, "stream": True} if "chat" in path else {"model": MODEL, "prompt": "Paris is"}
+    body: dict[str, Any] = {**CHAT} if "chat" in path else {"model": MODEL, "prompt": "Paris is"}
     body["stream"] = True
     answer = client.post(f"{gateway}{path}", json=body)
     assert answer.status_code == 200, answer.text
