@@ -186,13 +186,6 @@ class Assembler:
                 self.answer[key] = value
 
 
-def assemble(events: bytes, chat: bool, failure: int | None = None) -> Assembled:
-    """The whole answer made of a relayed stream's ``events`` at once (see ``Assembler``)."""
-    assembler = Assembler(chat)
-    assembler.feed(events)
-    return assembler.result(failure)
-
-
 def _empty_error() -> dict[str, Any]:
     return {"message": "the model server's answer was empty", "type": "server_error",
             "param": None, "code": None}  # fmt: skip

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -24,21 +25,33 @@ from gateway.request.upstream import Upstream, UpstreamLost, UpstreamUnavailable
 NO_SERVER = "no model server is available; retry shortly"  # what clients are told
 
 
+@dataclass(frozen=True)
+class Asked:
+    """What a request asks, as every tier of its chain is asked it."""
+
+    path: str
+    headers: Mapping[str, str]
+    body_for: Callable[[str], Mapping[str, Any]]  # the body planned for a tier, by its name
+    max_tokens_field: str
+    model: str  # the served model's name (an answer's events the gateway writes carry it)
+    cls: str  # the request's class (escalation is configured per class)
+    first_byte: float = float("inf")  # seconds a tier may take to its first byte
+
+
 async def open_chain(
     upstream: Upstream,
     tiers: list[list[TierEndpoint]],
-    body_for: Callable[[str], Any],
-    path: str,
-    headers: Mapping[str, str],
+    asked: Asked,
     exchange: Exchange,
-    first_byte: float = float("inf"),
 ) -> tuple[TierEndpoint, httpx.Response]:
-    """Open the request on the first endpoint that connects, answers within ``first_byte``
-    seconds and does not answer 503. ``tiers``: the chain, each tier as its endpoints in the
-    order to try (gateway/request/endpoint_choice.py; one for a single-server tier), so a
-    failing endpoint moves on to the next endpoint of its tier before the next tier. Returns
-    the endpoint that answered (its ``base_url`` is the endpoint's URL) and its response."""
+    """Open the request ``asked`` on the first endpoint that connects, answers within
+    ``asked.first_byte`` seconds and does not answer 503. ``tiers``: the chain, each tier as
+    its endpoints in the order to try (gateway/request/endpoint_choice.py; one for a
+    single-server tier), so a failing endpoint moves on to the next endpoint of its tier
+    before the next tier. Returns the endpoint that answered (its ``base_url`` is the
+    endpoint's URL) and its response."""
     failures: list[str] = []
+    path, headers, first_byte = asked.path, asked.headers, asked.first_byte
     for endpoints in tiers:
         if not endpoints:
             continue
@@ -50,7 +63,8 @@ async def open_chain(
             bound = nullcontext() if first_byte == float("inf") else anyio.move_on_after(first_byte)
             try:
                 with bound:
-                    response = await upstream.send(tier, "POST", path, body_for(tier.name), headers)
+                    body = asked.body_for(tier.name)
+                    response = await upstream.send(tier, "POST", path, body, headers)
             except UpstreamLost:
                 failures.append(f"{where} went away before answering")
                 exchange.fell_back(tier.name, "lost")

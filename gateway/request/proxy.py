@@ -35,14 +35,14 @@ from gateway.request.body import (
     read_body,
     wants_stream,
 )
-from gateway.request.chain import NO_SERVER, open_chain
+from gateway.request.chain import NO_SERVER, Asked, open_chain
 from gateway.request.continuation import unresumable
 from gateway.request.endpoint_choice import Saturation, endpoint_id, session_key
 from gateway.request.exchange import Exchange, usage_tokens
 from gateway.request.plan import assess, plan_route, route_headers
 from gateway.request.prompt_count import count_prompt
 from gateway.request.relay import UpstreamStreamingResponse, unless_client_leaves, whole_response
-from gateway.request.resume import Asked, stream_resumer
+from gateway.request.resume import stream_resumer
 from gateway.request.stream_usage import asking_usage
 from gateway.request.upstream import aclose_quietly
 from gateway.request.whole import assembled_answer
@@ -167,15 +167,7 @@ async def _completion(
 
     async def exchange_with_tiers() -> tuple[Response, ShadowJob | None]:
         try:
-            tier, response = await open_chain(
-                runtime.upstream,
-                tiers,
-                asked.body_for,
-                path,
-                headers,
-                exchange,
-                first_byte,
-            )
+            tier, response = await open_chain(runtime.upstream, tiers, asked, exchange)
         except APIError as exc:
             exc.headers.update(route_headers(plan.cls, None, plan.reason))
             raise

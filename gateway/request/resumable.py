@@ -22,7 +22,7 @@ from gateway.config import TierEndpoint
 from gateway.errors import APIError, sse_error_event
 from gateway.request.continuation import DONE, complete_events, split_error
 from gateway.request.exchange import SSECounter
-from gateway.request.stream_watch import Degenerated
+from gateway.request.stream_watch import Degenerated, StreamWatch
 from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly
 
 if TYPE_CHECKING:
@@ -67,10 +67,7 @@ async def relay_resumable(
                         counter.feed(events)
                         yield events
                     if failure is not None and failure.request_error:  # not continued
-                        held = watch.flush() if watch is not None else b""
-                        counter.feed(held)
-                        counter.failure = failure.status
-                        yield held + failure.event + DONE
+                        yield _ended(watch, counter, failure.status) + failure.event + DONE
                         return
                     if failure is not None:
                         message = f"it sent an error event: {failure.message}"
@@ -90,9 +87,7 @@ async def relay_resumable(
             await aclose_quietly(response)  # the failed tier stops before the next one starts
             going_on = await resumer.resume(tier, sent, exc)
             if going_on is None:
-                held = watch.flush() if watch is not None else b""
-                counter.feed(held)
-                counter.failure = exc.status
+                held = _ended(watch, counter, exc.status)
                 separator = b"" if not sent or sent[-1].endswith(b"\n\n") else b"\n\n"
                 yield held + separator + sse_error_event(exc, full)
                 return
@@ -107,3 +102,12 @@ async def relay_resumable(
             return
         tier, response, rewrite = going_on.tier, going_on.response, going_on.rewrite
         preface = going_on.closing
+
+
+def _ended(watch: StreamWatch | None, counter: SSECounter, status: int | None) -> bytes:
+    """A stream ending early with ``status``: what the watch held back (to send before the
+    error; counted), the failure noted on the counter."""
+    held = watch.flush() if watch is not None else b""
+    counter.feed(held)
+    counter.failure = status
+    return held

@@ -12,6 +12,7 @@ event on the request's span and an SSE comment line in the stream (clients ignor
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ import httpx
 from gateway.config import TierEndpoint
 from gateway.errors import APIError
 from gateway.policy.escalation import EscalationPolicy
-from gateway.request.chain import open_chain
+from gateway.request.chain import Asked, open_chain
 from gateway.request.continuation import (
     DONE,
     Rewriter,
@@ -59,19 +60,6 @@ def rest_of_chain(chain: Chain, failed: TierEndpoint) -> list[list[TierEndpoint]
             if endpoint is failed or endpoint == failed:
                 return [list(endpoints[j + 1 :]), *(list(e) for e in chain[i + 1 :])]
     return []
-
-
-@dataclass(frozen=True)
-class Asked:
-    """What a request asks, as every tier of its chain is asked it."""
-
-    path: str
-    headers: Mapping[str, str]
-    body_for: Callable[[str], Mapping[str, Any]]  # the body planned for a tier, by its name
-    max_tokens_field: str
-    model: str  # the served model's name (an answer's events the gateway writes carry it)
-    cls: str  # the request's class (escalation is configured per class)
-    first_byte: float = float("inf")  # seconds a tier may take to its first byte
 
 
 class Resumer:
@@ -153,10 +141,8 @@ class Resumer:
 
         while any(rest):
             try:
-                tier, response = await open_chain(
-                    self.upstream, rest, body, asked.path, asked.headers, self.exchange,
-                    asked.first_byte,
-                )  # fmt: skip
+                continued = dataclasses.replace(asked, body_for=body)
+                tier, response = await open_chain(self.upstream, rest, continued, self.exchange)
             except APIError:  # nothing answered: the request stays the failed tier's
                 self.exchange.tier = failed.name
                 return None

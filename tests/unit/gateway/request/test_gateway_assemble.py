@@ -5,10 +5,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.request.assemble import as_stream, assemblable, assemble
+from gateway.request.assemble import Assembled, Assembler, as_stream, assemblable
 from gateway.request.prompt_count import CHAT
 
 COMPLETIONS = "/v1/completions"
+
+
+def assemble(events: bytes, chat: bool, failure: int | None = None) -> Assembled:
+    """The whole answer of a relayed stream's ``events`` fed at once."""
+    assembler = Assembler(chat)
+    assembler.feed(events)
+    return assembler.result(failure)
 
 
 def events(*payloads: Any) -> bytes:
