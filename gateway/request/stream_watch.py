@@ -162,6 +162,8 @@ class StreamWatch:
             choice["delta"] = {**choice.get("delta", {}), "content": kept}
         else:
             choice["text"] = kept
+        if isinstance(choice.get("logprobs"), dict):  # only the tokens of the text kept
+            choice["logprobs"] = _logprobs_within(choice["logprobs"], len(kept), self.chat)
         choice["finish_reason"] = None
         event["choices"] = [choice, *event["choices"][1:]]
         return b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"
@@ -189,6 +191,25 @@ def _logprobs(choice: dict[str, Any], chat: bool) -> list[float]:
         listed = logprobs.get("token_logprobs")
         values = listed if isinstance(listed, list) else []
     return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def _logprobs_within(logprobs: dict[str, Any], chars: int, chat: bool) -> dict[str, Any]:
+    """An event's ``logprobs`` for its first tokens whose text ends within ``chars``
+    characters (a token cut through is left out with the rest)."""
+    tokens = logprobs.get("content") if chat else logprobs.get("tokens")
+    if not isinstance(tokens, list):
+        return logprobs
+    keep, end = 0, 0
+    for token in tokens:
+        text = token.get("token") if chat and isinstance(token, dict) else token
+        end += len(text) if isinstance(text, str) else chars + 1
+        if end > chars:
+            break
+        keep += 1
+    if chat:
+        return {**logprobs, "content": tokens[:keep]}
+    lists = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+    return {**logprobs, **{k: v[:keep] for k in lists if isinstance(v := logprobs.get(k), list)}}
 
 
 class Degenerated(APIError):

@@ -56,6 +56,38 @@ def test_a_cut_inside_one_event_shortens_that_event() -> None:
     assert texts(out) == "Ok ab" and w.verdict is not None
 
 
+def test_a_shortened_event_keeps_the_logprobs_of_the_tokens_it_keeps_only() -> None:
+    tokens = ["Ok", " ", "ab", "ab", "ab", "ab", "ab", "ab", "ab", "ab"]
+    content = [{"token": t, "logprob": -0.5, "top_logprobs": []} for t in tokens]
+    choice = {"index": 0, "delta": {"content": "".join(tokens)}, "logprobs": {"content": content}}
+    w = watch(holdback=40)
+    out = w.feed(b"data: " + json.dumps({"id": "a", "choices": [choice]}).encode() + b"\n\n")
+    assert texts(out) == "Ok ab" and w.verdict is not None
+    kept = json.loads(out.split(b"\n\n")[0][6:])["choices"][0]["logprobs"]["content"]
+    assert [entry["token"] for entry in kept] == ["Ok", " ", "ab"]
+
+
+def test_a_shortened_completion_event_keeps_its_lists_in_step() -> None:
+    tokens = ["Ok", " ", "ab", "ab", "ab", "ab", "ab", "ab", "ab", "ab"]
+    logprobs = {
+        "tokens": tokens,
+        "token_logprobs": [-0.5] * len(tokens),
+        "top_logprobs": [None] * len(tokens),
+        "text_offset": [0, 2, 3, 5, 7, 9, 11, 13, 15, 17],
+    }
+    choice = {"index": 0, "text": "".join(tokens), "logprobs": logprobs, "finish_reason": None}
+    w = StreamWatch(LoopCheck(8, 4, 12), ScriptCheck(16, 2), 40, chat=False)
+    out = w.feed(b"data: " + json.dumps({"id": "a", "choices": [choice]}).encode() + b"\n\n")
+    event = json.loads(out.split(b"\n\n")[0][6:])["choices"][0]
+    assert event["text"] == "Ok ab"
+    assert event["logprobs"] == {
+        "tokens": ["Ok", " ", "ab"],
+        "token_logprobs": [-0.5] * 3,
+        "top_logprobs": [None] * 3,
+        "text_offset": [0, 2, 3],
+    }
+
+
 def test_a_verdict_never_takes_back_what_was_sent() -> None:
     w = watch(holdback=0)  # nothing held: every event goes at once
     sent = b"".join(w.feed(chunk("ab")) for _ in range(5))
