@@ -107,12 +107,15 @@ class Sent:
     why_not: str | None = None  # set when the answer so far cannot be continued
 
 
-def read_sent(events: Iterable[bytes], chat: bool) -> Sent:
-    """Read the events forwarded to the client (see the module docstring)."""
-    answer_id: str | None = None
-    created: int | None = None
-    parts: list[str] = []
-    count, finished = 0, False
+def read_sent(events: Iterable[bytes], chat: bool, before: Sent | None = None) -> Sent:
+    """Read the events forwarded to the client (see the module docstring); ``before``: what
+    the events sent before these said (``SentEvents`` folds a long stream as it goes)."""
+    if before is not None and before.why_not is not None:
+        return before
+    before = before or Sent()
+    answer_id, created = before.id, before.created
+    parts: list[str] = [before.text] if before.text else []
+    count, finished = before.events, before.finished
     for data in event_data(b"".join(events)):
         if data == b"[DONE]":
             finished = True
@@ -139,6 +142,39 @@ def read_sent(events: Iterable[bytes], chat: bool) -> Sent:
             elif text or not _opening(choice, chat):
                 count += 1  # a token event (an empty one: a character still incomplete)
     return Sent(answer_id, created, "".join(parts), count, finished)
+
+
+FOLD_BYTES = 65_536  # sent events kept as bytes before they are folded into what they said
+
+
+class SentEvents:
+    """The events a client was sent of one stream, as a continuation reads them: the latest
+    as they were sent, older ones (past ``fold_bytes``) folded into what they said
+    (``read_sent``: the text and the counts, ~10x smaller than the events, far more with
+    logprobs). Nothing is parsed while a short answer streams; a long one's memory stays
+    bounded by its text."""
+
+    def __init__(self, chat: bool, fold_bytes: int = FOLD_BYTES) -> None:
+        self.chat, self.fold_bytes = chat, fold_bytes
+        self._blocks: list[bytes] = []
+        self._size = 0
+        self._folded: Sent | None = None
+        self.done = False  # the tier's [DONE] was sent
+        self.clean_end = True  # what was sent ends at an event boundary (or nothing was)
+
+    def add(self, block: bytes) -> None:
+        """Keep ``block`` (complete events) as sent."""
+        self._blocks.append(block)
+        self._size += len(block)
+        self.done = self.done or DONE in block
+        self.clean_end = block.endswith(b"\n\n")
+        if self._size > self.fold_bytes:
+            self._folded = read_sent(self._blocks, self.chat, self._folded)
+            self._blocks, self._size = [], 0
+
+    def read(self) -> Sent:
+        """Everything the client was sent, read."""
+        return read_sent(self._blocks, self.chat, self._folded)
 
 
 def _choice_text(choice: Mapping[str, Any], chat: bool) -> str | None:

@@ -1,12 +1,13 @@
 """Relaying a stream that can be continued on another tier (its request has a ``Resumer``).
 
 Unlike the plain relay (gateway/request/relay.py ``relay_sse``), only complete SSE events are
-forwarded, and they are kept: when the tier fails (its connection breaks, or it sends an
-error event of its own, as vLLM does when its engine dies) or a watched tier's text
-degenerates (gateway/request/stream_watch.py), the failed response is closed first (the tier
-stops generating), then the ``Resumer`` (gateway/request/resume.py) opens the continuation on
-the next endpoint or tier, whose events are rewritten into the same answer
-(gateway/request/continuation.py). With nothing left to continue on, the stream ends as the
+forwarded, and they are kept (``SentEvents``: a long answer's older events folded into their
+text and counts, so its memory stays bounded by its text): when the tier fails (its
+connection breaks, or it sends an error event of its own, as vLLM does when its engine dies)
+or a watched tier's text degenerates (gateway/request/stream_watch.py), the failed response
+is closed first (the tier stops generating), then the ``Resumer`` (gateway/request/resume.py)
+opens the continuation on the next endpoint or tier, whose events are rewritten into the same
+answer (gateway/request/continuation.py). With nothing left to continue on, the stream ends as the
 plain relay ends it: what was held back, then one SSE error event.
 """
 
@@ -20,8 +21,9 @@ import httpx
 
 from gateway.config import TierEndpoint
 from gateway.errors import APIError, sse_error_event
-from gateway.request.continuation import DONE, complete_events, split_error
+from gateway.request.continuation import DONE, SentEvents, complete_events, split_error
 from gateway.request.exchange import SSECounter
+from gateway.request.prompt_count import CHAT
 from gateway.request.stream_watch import Degenerated, StreamWatch
 from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly
 
@@ -40,7 +42,7 @@ async def relay_resumable(
 ) -> AsyncGenerator[bytes, None]:
     """Yield the answer's complete events, continuing it on another tier when its own fails
     (see the module docstring)."""
-    sent: list[bytes] = []  # every event block the client was sent
+    sent = SentEvents(resumer.asked.path == CHAT)  # what the client was sent
     rewrite: Callable[[bytes], bytes] | None = None
     preface = b""  # what goes before a continuation's events (the SSE comment saying so)
     while True:
@@ -63,7 +65,7 @@ async def relay_resumable(
                     if watch is not None:
                         events = watch.feed(events)
                     if events:
-                        sent.append(events)
+                        sent.add(events)
                         counter.feed(events)
                         yield events
                     if failure is not None and failure.request_error:  # not continued
@@ -88,7 +90,7 @@ async def relay_resumable(
             going_on = await resumer.resume(tier, sent, exc)
             if going_on is None:
                 held = _ended(watch, counter, exc.status)
-                separator = b"" if not sent or sent[-1].endswith(b"\n\n") else b"\n\n"
+                separator = b"" if sent.clean_end else b"\n\n"
                 yield held + separator + sse_error_event(exc, full)
                 return
             if resumer.watch is not None:

@@ -27,9 +27,9 @@ from gateway.request.chain import Asked, open_chain
 from gateway.request.continuation import (
     DONE,
     Rewriter,
+    SentEvents,
     continuation_body,
     length_ending,
-    read_sent,
     unresumable,
     used_up,
 )
@@ -106,18 +106,18 @@ class Resumer:
         )
 
     async def resume(
-        self, failed: TierEndpoint, sent_events: list[bytes], error: APIError
+        self, failed: TierEndpoint, sent_events: SentEvents, error: APIError
     ) -> Continuation | None:
         """The stream's continuation after ``failed`` broke off with ``error``; None when it
         cannot go on (the relay then ends it with the error event, as before)."""
         asked = self.asked
         chat = asked.path == CHAT
-        sent = read_sent(sent_events, chat)
+        sent = sent_events.read()
         if sent.why_not is not None:
             logger.info("stream on %s not continued: %s", failed.name, sent.why_not)
             return None
         if sent.finished:  # the answer had ended: only its [DONE] was missing
-            return Continuation(closing=b"" if b"[DONE]" in b"".join(sent_events) else DONE)
+            return Continuation(closing=b"" if sent_events.done else DONE)
         # Each token event held one token or more; with a tokenizer the text's own count is
         # the better estimate when larger (several tokens an event). Without one the count is
         # the text's bytes, an upper bound: it only cuts the next tier's budget (it reads that

@@ -12,6 +12,7 @@ from gateway.request.continuation import (
     DONE,
     Rewriter,
     Sent,
+    SentEvents,
     complete_events,
     continuation_body,
     length_ending,
@@ -49,6 +50,33 @@ def test_read_sent_joins_the_text_and_keeps_the_answers_identity() -> None:
     ]
     sent = read_sent(events, chat=True)
     assert sent == Sent("chat-1", 7, "Hello there", 3, False, None)
+
+
+@pytest.mark.parametrize("fold_bytes", [1, 150, 400, 65_536])
+def test_sent_events_folded_as_they_come_read_as_the_whole_stream(fold_bytes: int) -> None:
+    blocks = [chat_chunk("", delta={"role": "assistant"})]
+    blocks += [chat_chunk(f"w{i} ") + chat_chunk("x") for i in range(20)]
+    blocks += [chat_chunk(None, finish="length"), DONE]
+    sent = SentEvents(chat=True, fold_bytes=fold_bytes)
+    for block in blocks:
+        sent.add(block)
+    assert sent.read() == read_sent(blocks, chat=True)
+    assert sent.read().text == "".join(f"w{i} x" for i in range(20)) and sent.read().finished
+    assert sent.done and sent.clean_end
+    if fold_bytes < 400:  # folded: what is kept as bytes is under the bound, whatever was sent
+        assert sum(len(b) for b in sent._blocks) <= fold_bytes + max(len(b) for b in blocks)
+
+
+def test_sent_events_keep_a_reason_not_to_continue_across_folds() -> None:
+    sent = SentEvents(chat=True, fold_bytes=1)
+    sent.add(chat_chunk("a"))
+    sent.add(chat_chunk(None, delta={"tool_calls": [{"index": 0}]}))
+    sent.add(chat_chunk("b"))
+    assert sent.read().why_not is not None and not sent.done
+    partial = SentEvents(chat=True)
+    assert partial.read() == Sent() and partial.clean_end
+    partial.add(b'data: {"id": "x", "choices": []}\n')  # not ended at a boundary
+    assert not partial.clean_end
 
 
 def test_read_sent_of_completions_reads_text_and_sees_the_finish() -> None:
