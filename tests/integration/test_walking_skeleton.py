@@ -55,6 +55,26 @@ def test_streamed_chat_arrives_in_several_chunks_ending_with_done(stack: Stack) 
         events = [line for line in resp.iter_lines() if line.startswith("data: ")]
     assert resp.headers["content-type"].startswith("text/event-stream")
     assert len(events) > 2 and events[-1] == "data: [DONE]"
+    # The gateway asked the tier for usage (gateway/request/stream_usage.py); the client, who
+    # did not, gets none: every event has its choice.
+    assert all('"choices":[{' in e.replace(" ", "") for e in events[:-1]), events
+    assert not any('"usage":{' in e.replace(" ", "") for e in events), events
+
+
+def test_a_streamed_chat_that_asks_for_usage_ends_with_the_tiers(stack: Stack) -> None:
+    body = {"model": MODEL, "messages": QUESTION, "max_tokens": 8, "stream": True}
+    whole = httpx.post(
+        f"{stack.gateway_url}/v1/chat/completions", json={**body, "stream": False}, timeout=120
+    ).json()
+    chunks = list(
+        _client(stack).chat.completions.create(
+            **body,  # type: ignore[arg-type]
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.prompt_tokens == whole["usage"]["prompt_tokens"]
+    assert all(chunk.choices for chunk in chunks[:-1])
 
 
 def test_completions_and_models_relay(stack: Stack) -> None:
