@@ -5,6 +5,7 @@ history. Values come from other replicas and operators: read leniently, never an
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 from pydantic import TypeAdapter
@@ -24,11 +25,13 @@ class Forced:
 
     @classmethod
     def decode(cls, raw: str, now: float) -> Forced:
-        """Lenient: a bare tier name (an older replica's entry) was asked ``now``."""
+        """Lenient: a bare tier name (an older replica's entry) was asked ``now``; a time
+        that is not a number, or is later than ``now`` (another replica's clock), is ``now``."""
         value = json_object(raw)
         if value is None or not isinstance(value.get("tier"), str):
             return cls(raw, now)
-        return cls(str(value["tier"]), number(value.get("asked_at")) or now)
+        asked = number(value.get("asked_at"))
+        return cls(str(value["tier"]), min(asked, now) if math.isfinite(asked) and asked else now)
 
 
 @dataclass(frozen=True)

@@ -128,16 +128,22 @@ class ResetCoordinator:
         states = await self._tier_states()
         force = queued.tier if queued is not None else None
         decision = choose_reset(self.clock(), policy, states, quiet_for, force=force)
+        if queued is not None and decision.tier is None:
+            await self._refused(queued, decision.reason, token)
+            # A refused "reset now" waiting its turn does not hold up the schedule.
+            decision = choose_reset(self.clock(), policy, states, quiet_for)
         self.last_decision = decision
         if decision.tier is not None:
             await self.reset(decision.tier, decision.reason, token)
-        elif queued is not None:
-            await self._refused(queued, decision.reason, token)
         return decision
 
     async def request(self, tier: str) -> None:
-        """Queue an operator's "reset now" for whichever replica leads."""
-        await self.records.push(REQUESTS, Forced(tier, self.clock()).encode())
+        """Queue an operator's "reset now" for whichever replica leads (once: asking again
+        while one for the same tier waits adds nothing)."""
+        now = self.clock()
+        if any(Forced.decode(raw, now).tier == tier for raw in await self.records.items(REQUESTS)):
+            return
+        await self.records.push(REQUESTS, Forced(tier, now).encode())
 
     async def _refused(self, queued: Forced, reason: str, token: int) -> None:
         """Ask a refused "reset now" again next tick; past ``FORCED_PATIENCE``, record why not."""

@@ -170,6 +170,7 @@ class UpstreamStreamingResponse(StreamingResponse):
         self._upstream_response = response
         self._exchange = exchange
         self._counter = SSECounter()
+        self._resumer = resumer
         first_byte = None
         if exchange is not None:
             exchange.hand_to_stream()
@@ -212,10 +213,12 @@ class UpstreamStreamingResponse(StreamingResponse):
                 await self._chunks.aclose()
                 await aclose_quietly(self._upstream_response)
                 if self._exchange is not None:
-                    counter = self._counter
-                    await self._exchange.stream_ended(
-                        counter.status, counter.tokens, counter.prompt_tokens
-                    )
+                    counter, resumer = self._counter, self._resumer
+                    # The prompt as one tier counted it; after a continuation the gateway counts
+                    # it itself (the usage then sums two tiers' less an estimate).
+                    resumed = resumer is not None and resumer.resumed
+                    prompt = None if resumed else counter.prompt_tokens
+                    await self._exchange.stream_ended(counter.status, counter.tokens, prompt)
 
 
 async def unless_client_leaves(request: Request, work: Callable[[], Awaitable[T]]) -> T | None:

@@ -82,6 +82,9 @@ class Resumer:
         self.on_watched = on_watched  # (tier, degenerated) of each watched stream: the guard
         self.watch: StreamWatch | None = None
         self.continued_on: list[str] = []  # the tiers the answer went on on, in order
+        # The answer was ended or continued by the gateway: a usage event in it is the
+        # gateway's sum (or its own count), not one tier's count of the prompt.
+        self.resumed = False
         if escalation is not None and escalation.tiers and asked.cls in escalation.classes:
             self.watch = StreamWatch(
                 escalation.loop.check() if escalation.loop else None,
@@ -113,6 +116,7 @@ class Resumer:
         asked = self.asked
         chat = asked.path == CHAT
         sent = sent_events.read()
+        self.resumed = True
         if sent.why_not is not None:
             logger.info("stream on %s not continued: %s", failed.name, sent.why_not)
             return None

@@ -46,7 +46,8 @@ async def assembled_answer(
     answer = assembler.result(counter.failure)
     if answer.status == 200:
         prompt_tokens, exchange.output_tokens = usage_tokens(answer.body)
-        if prompt_tokens:  # the tiers' own count: nothing left to count
+        resumed = resumer is not None and resumer.resumed  # then the usage is the gateway's sum
+        if prompt_tokens and not resumed:  # the tier's own count: nothing left to count
             exchange.input_tokens, exchange.count_input = prompt_tokens, None
     exchange.set_outcome(answer.status)
     sent_headers = dict(headers)

@@ -9,7 +9,7 @@ from gateway.control.reset_records import Forced, int_or, number
 
 def test_a_queued_reset_now_round_trips() -> None:
     forced = Forced("int4", 1_800_000_000.5)
-    assert Forced.decode(forced.encode(), now=0.0) == forced
+    assert Forced.decode(forced.encode(), now=2e9) == forced
 
 
 @pytest.mark.parametrize(
@@ -20,6 +20,10 @@ def test_a_queued_reset_now_round_trips() -> None:
         ('{"tier": "int8", "asked_at": "soon"}', Forced("int8", 7.0)),
         ('{"tier": 5}', Forced('{"tier": 5}', 7.0)),  # not a tier name: no known tier matches
         ("[1, 2]", Forced("[1, 2]", 7.0)),
+        ('{"tier": "int8", "asked_at": 5}', Forced("int8", 5.0)),
+        ('{"tier": "int8", "asked_at": 99}', Forced("int8", 7.0)),  # a clock ahead: now
+        ('{"tier": "int8", "asked_at": Infinity}', Forced("int8", 7.0)),
+        ('{"tier": "int8", "asked_at": NaN}', Forced("int8", 7.0)),
     ],
 )
 def test_queued_values_are_read_leniently(raw: str, expected: Forced) -> None:

@@ -488,3 +488,40 @@ def test_a_queued_bare_tier_name_from_an_older_replica_is_still_reset(
     (first, second), calls = _with_coordinator(three_stubs, _policy(tmp_path), scenario, [NOON])
     assert first.tier == "int8" and second.tier is None
     assert calls == ["reset", "warm_up"]
+
+
+def test_a_refused_reset_now_does_not_hold_up_the_schedule(
+    three_stubs: list[str], tmp_path: Path
+) -> None:
+    """int4 asked for while it is down: refused and waiting; the schedule (every tier due,
+    quiet at any hour) resets another tier in the same tick."""
+
+    async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
+        runtime.board.set_state("int4", TierState.DOWN)
+        await coordinator.tick()  # the quiet starts being tracked
+        clock[0] += 1
+        await coordinator.request("int4")
+        decision = await coordinator.tick()
+        queued = await coordinator.records.items(REQUESTS)
+        runtime.board.set_state("int4", None)
+        return decision, queued, await coordinator.history()
+
+    clock = [NOON]
+    policy = _policy(tmp_path, when="quiet", quiet={"max_rps": 100.0, "for_seconds": 0.5})
+    (decision, queued, history), calls = _with_coordinator(three_stubs, policy, scenario, clock)
+    assert decision.tier in ("fp16", "int8") and "forced" not in decision.reason
+    assert [(r.tier, r.outcome) for r in history] == [(decision.tier, "ok")]
+    assert [json.loads(raw)["tier"] for raw in queued] == ["int4"]  # still waiting its turn
+    assert calls == ["reset", "warm_up"]
+
+
+def test_asking_again_for_a_tier_already_queued_adds_nothing(
+    three_stubs: list[str], tmp_path: Path
+) -> None:
+    async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
+        for tier in ("int4", "int4", "int8", "int4"):
+            await coordinator.request(tier)
+        return await coordinator.records.items(REQUESTS)
+
+    queued, _ = _with_coordinator(three_stubs, _policy(tmp_path), scenario, [NOON])
+    assert sorted(json.loads(raw)["tier"] for raw in queued) == ["int4", "int8"]

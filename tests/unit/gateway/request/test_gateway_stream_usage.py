@@ -47,6 +47,8 @@ def test_usage_events_are_told_from_the_others() -> None:
         (USAGE + b"\n\n", b""),
         (CHOICE + b"\n\n" + USAGE + b"\n\n" + DONE + b"\n\n", CHOICE + b"\n\n" + DONE + b"\n\n"),
         (USAGE + b"\n\n" + DONE + b"\n\n", DONE + b"\n\n"),
+        (CHOICE + b"\r\n\r\n" + USAGE + b"\r\n\r\n" + DONE, CHOICE + b"\r\n\r\n" + DONE),
+        (CHOICE + b"\n\n" + USAGE, CHOICE + b"\n\n"),  # an unended last event
     ],
 )
 def test_usage_events_are_dropped_from_a_block_of_events(block: bytes, expected: bytes) -> None:
@@ -114,3 +116,23 @@ def test_a_stream_that_cannot_be_continued_is_asked_as_sent(
     answer = client.post(f"{gateway}/v1/chat/completions", json=body)
     assert answer.status_code == 200, answer.text
     assert "stream_options" not in tier.requests[-1]["body"]
+
+
+def test_a_continued_stream_sends_no_usage_and_counts_its_prompt_itself(
+    make_stub: Any, start_gateway: Any, client: httpx.Client, two_tier_policy: Any
+) -> None:
+    """The first tier dies midway: the continuation's usage (the gateway's sum of two tiers'
+    counts) is neither sent nor taken for the prompt's tokens; the gateway counts it."""
+    dying, healthy = make_stub(), make_stub()
+    dying.mode = "die"  # two chunks, then the connection drops
+    gateway = start_gateway(
+        dying.url, healthy.url, policy_path=two_tier_policy(), watch_policy=False
+    )
+    answer = client.post(f"{gateway}/v1/chat/completions", json={**CHAT, "stream": True})
+    assert answer.status_code == 200, answer.text
+    assert ": answer continued on tier t1" in answer.text
+    assert healthy.requests[-1]["body"]["stream_options"] == {"include_usage": True}
+    events = _events(answer.text)
+    assert events[-1] == "[DONE]" and all("usage" not in e for e in events[:-1]), events
+    counted = _input_tokens(client.get(f"{gateway}/metrics").text)
+    assert counted not in (5.0, 10.0)  # neither one tier's count nor the two summed
