@@ -33,6 +33,7 @@ validated: what is not a mark or a reset record is dropped (logged), never an ex
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -53,7 +54,7 @@ from gateway.control.reset_marks import (
     endpoint_marks_value,
     json_object,
 )
-from gateway.control.reset_records import RECORD, Forced, ResetRecord, int_or, number
+from gateway.control.reset_records import RECORD, Forced, ForcedQueue, ResetRecord, int_or, number
 from gateway.control.reset_schedule import ResetDecision, TierResetState, choose_reset
 from gateway.control.ttft_drift import TtftDrift
 from gateway.runtime import Runtime
@@ -62,7 +63,7 @@ from gateway.shared.records import SharedRecords
 
 logger = logging.getLogger(__name__)
 
-CURRENT, HISTORY, REQUESTS = "reset:current", "reset:history", "reset:queue"
+CURRENT, HISTORY = "reset:current", "reset:history"
 RATE_WINDOW = 10.0  # seconds of traffic behind each quiet check
 FORCED_PATIENCE = 120.0  # seconds an operator's refused "reset now" is asked again
 
@@ -84,6 +85,7 @@ class ResetCoordinator:
         self.lock = lock
         self.records = SharedRecords(runtime.shared)
         self.marks = MarksPublisher(self.records)
+        self.queue = ForcedQueue(self.records)
         self.clock = clock
         self.tick_seconds = tick
         self._tier_client = tier_client or self._default_client
@@ -114,14 +116,14 @@ class ResetCoordinator:
         )
         if self.lock.token() is not None and not self.lock.cut_off:  # still leading through
             await self.marks.repair(policy.resets.lock_ttl_seconds)  # Redis: a missed lift
-        queued = await self._next_request()
+        queued = await self.queue.next(self.runtime.board.tiers, self.clock())
         unfinished = await self.records.get(CURRENT)  # a leader may have died mid-reset
         if not policy.resets.enabled and queued is None and unfinished is None:
             return None
         token = await self.lock.acquire()
         if token is None:
-            if queued is not None:  # not ours to do: put it back for the leader
-                await self.records.push(REQUESTS, queued.encode())
+            if queued is not None:  # not ours to do: put it back for the leader, as it was
+                await self.queue.put_back(queued)
             return None
         if not self.lock.cut_off:  # alone, it cannot tell a live leader from a dead one
             await self._close_abandoned(token)
@@ -140,18 +142,17 @@ class ResetCoordinator:
     async def request(self, tier: str) -> None:
         """Queue an operator's "reset now" for whichever replica leads (once: asking again
         while one for the same tier waits adds nothing)."""
-        now = self.clock()
-        if any(Forced.decode(raw, now).tier == tier for raw in await self.records.items(REQUESTS)):
-            return
-        await self.records.push(REQUESTS, Forced(tier, now).encode())
+        await self.queue.ask(tier, self.clock())
 
     async def _refused(self, queued: Forced, reason: str, token: int) -> None:
-        """Ask a refused "reset now" again next tick; past ``FORCED_PATIENCE``, record why not."""
+        """Ask a refused "reset now" again next tick; ``FORCED_PATIENCE`` seconds after its
+        first refusal, record why not."""
         now = self.clock()
-        if now - queued.asked_at < FORCED_PATIENCE:
-            await self.records.push(REQUESTS, queued.encode())
+        first = queued.refused_at if queued.refused_at is not None else now
+        if now - first < FORCED_PATIENCE:
+            await self.queue.put_back(dataclasses.replace(queued, refused_at=first, bare=False))
             return
-        waited = f" (asked {now - queued.asked_at:.0f} s ago)"
+        waited = f" (asked {now - queued.asked_at:.0f} s ago, refused for {now - first:.0f} s)"
         record = ResetRecord(queued.tier, now, 0.0, "refused", reason + waited,
                              "forced by an operator", self._holder(), token)  # fmt: skip
         await self.records.push(HISTORY, json.dumps(asdict(record)))
@@ -314,16 +315,6 @@ class ResetCoordinator:
         else:
             self.quiet_since = None
         return 0.0 if self.quiet_since is None else now - self.quiet_since
-
-    async def _next_request(self) -> Forced | None:
-        raw = await self.records.pop(REQUESTS)
-        if raw is None:
-            return None
-        queued = Forced.decode(raw, self.clock())
-        if queued.tier not in self.runtime.board.tiers:
-            logger.warning("queued reset of an unknown tier dropped: %.60r", raw)
-            return None
-        return queued
 
     async def _tier_states(self) -> list[TierResetState]:
         history = await self.history()

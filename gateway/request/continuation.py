@@ -166,7 +166,7 @@ class SentEvents:
         """Keep ``block`` (complete events) as sent."""
         self._blocks.append(block)
         self._size += len(block)
-        self.done = self.done or DONE in block
+        self.done = self.done or b"[DONE]" in block
         self.clean_end = block.endswith(b"\n\n")
         if self._size > self.fold_bytes:
             self._folded = read_sent(self._blocks, self.chat, self._folded)

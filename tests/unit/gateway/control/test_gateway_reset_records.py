@@ -8,18 +8,21 @@ from gateway.control.reset_records import Forced, int_or, number
 
 
 def test_a_queued_reset_now_round_trips() -> None:
-    forced = Forced("int4", 1_800_000_000.5)
-    assert Forced.decode(forced.encode(), now=2e9) == forced
+    for forced in (Forced("int4", 1_800_000_000.5), Forced("int4", 1.8e9, 1.9e9)):
+        assert Forced.decode(forced.encode(), now=2e9) == forced
+    assert Forced("int4", 5.0, bare=True).encode() == "int4"  # as an older replica wrote it
 
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [
-        ("int8", Forced("int8", 7.0)),  # an older replica queued the bare tier name
+        ("int8", Forced("int8", 7.0, bare=True)),  # an older replica queued the bare name
         ('{"tier": "int8"}', Forced("int8", 7.0)),  # no time: asked now
         ('{"tier": "int8", "asked_at": "soon"}', Forced("int8", 7.0)),
-        ('{"tier": 5}', Forced('{"tier": 5}', 7.0)),  # not a tier name: no known tier matches
-        ("[1, 2]", Forced("[1, 2]", 7.0)),
+        ('{"tier": 5}', Forced('{"tier": 5}', 7.0, bare=True)),  # no known tier matches
+        ("[1, 2]", Forced("[1, 2]", 7.0, bare=True)),
+        ('{"tier": "int8", "asked_at": 5, "refused_at": 6}', Forced("int8", 5.0, 6.0)),
+        ('{"tier": "int8", "asked_at": 5, "refused_at": "x"}', Forced("int8", 5.0, 7.0)),
         ('{"tier": "int8", "asked_at": 5}', Forced("int8", 5.0)),
         ('{"tier": "int8", "asked_at": 99}', Forced("int8", 7.0)),  # a clock ahead: now
         ('{"tier": "int8", "asked_at": Infinity}', Forced("int8", 7.0)),

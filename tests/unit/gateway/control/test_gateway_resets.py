@@ -18,7 +18,8 @@ from backends.tier_state import TierState
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierEndpoint
 from gateway.control.reset_marks import MARKS, MarksPublisher, apply_shared_marks, parse_marks
-from gateway.control.resets import CURRENT, FORCED_PATIENCE, HISTORY, REQUESTS, ResetCoordinator
+from gateway.control.reset_records import OLDER_REQUESTS, REQUESTS
+from gateway.control.resets import CURRENT, FORCED_PATIENCE, HISTORY, ResetCoordinator
 from gateway.runtime import Runtime
 from gateway.shared.leader import LeaderLock
 from gateway.shared.records import SharedRecords
@@ -481,8 +482,8 @@ def test_a_queued_bare_tier_name_from_an_older_replica_is_still_reset(
     three_stubs: list[str], tmp_path: Path
 ) -> None:
     async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
-        await SharedRecords(runtime.shared).push(REQUESTS, "int8")
-        await SharedRecords(runtime.shared).push(REQUESTS, "t9")  # unknown: dropped
+        await SharedRecords(runtime.shared).push(OLDER_REQUESTS, "int8")
+        await SharedRecords(runtime.shared).push(OLDER_REQUESTS, "t9")  # unknown: dropped
         return await coordinator.tick(), await coordinator.tick()
 
     (first, second), calls = _with_coordinator(three_stubs, _policy(tmp_path), scenario, [NOON])
@@ -525,3 +526,60 @@ def test_asking_again_for_a_tier_already_queued_adds_nothing(
 
     queued, _ = _with_coordinator(three_stubs, _policy(tmp_path), scenario, [NOON])
     assert sorted(json.loads(raw)["tier"] for raw in queued) == ["int4", "int8"]
+
+
+class _Follower:
+    """A leader lock this replica never gets."""
+
+    holder = "follower"
+    cut_off = False
+
+    def token(self) -> None:
+        return None
+
+    async def acquire(self) -> None:
+        return None
+
+
+def test_a_replica_that_does_not_lead_puts_requests_back_as_they_were(
+    three_stubs: list[str], tmp_path: Path
+) -> None:
+    """Older replicas read bare names under the older key and drop anything else there: a
+    request is put back under the key, and in the form, it came in."""
+
+    async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
+        follower = ResetCoordinator(runtime, _Follower(), clock=lambda: NOON)  # type: ignore[arg-type]
+        records = SharedRecords(runtime.shared)
+        await records.push(OLDER_REQUESTS, "int8")
+        await coordinator.request("int4")
+        for _ in range(3):
+            await follower.tick()
+        return await records.items(OLDER_REQUESTS), await records.items(REQUESTS)
+
+    (older, newer), calls = _with_coordinator(three_stubs, _policy(tmp_path), scenario, [NOON])
+    assert older == ["int8"]
+    assert [json.loads(raw)["tier"] for raw in newer] == ["int4"]
+    assert calls == []
+
+
+def test_the_patience_counts_from_the_first_refusal_not_the_asking(
+    three_stubs: list[str], tmp_path: Path
+) -> None:
+    """A request that waited behind a long reset is not refused for good at its first look."""
+
+    async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
+        runtime.board.set_state("int4", TierState.DOWN)
+        await coordinator.request("int4")
+        clock[0] += 200  # the leader was busy with another tier's reset meanwhile
+        await coordinator.tick()
+        first = await coordinator.history()
+        clock[0] += FORCED_PATIENCE + 1
+        await coordinator.tick()
+        runtime.board.set_state("int4", None)
+        return first, await coordinator.history()
+
+    clock = [NOON]
+    (first, history), _ = _with_coordinator(three_stubs, _policy(tmp_path), scenario, clock)
+    assert first == []
+    assert [(r.tier, r.outcome) for r in history] == [("int4", "refused")]
+    assert "asked 321 s ago, refused for 121 s" in history[0].detail

@@ -77,6 +77,9 @@ def test_sent_events_keep_a_reason_not_to_continue_across_folds() -> None:
     assert partial.read() == Sent() and partial.clean_end
     partial.add(b'data: {"id": "x", "choices": []}\n')  # not ended at a boundary
     assert not partial.clean_end
+    framed = SentEvents(chat=True)
+    framed.add(b"data:[DONE]\r\n\r\n")  # another server's framing: still the end
+    assert framed.done
 
 
 def test_read_sent_of_completions_reads_text_and_sees_the_finish() -> None:
