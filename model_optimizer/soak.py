@@ -12,6 +12,7 @@ end. Loopback URLs only; every loop stops by itself (time and a per-client cap).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -78,8 +79,11 @@ def soak(
             try:
                 record = reset_now(url, reset_tier, admin_key or "", timeout=seconds * 3.5)
                 outcome = str(record["outcome"])
-                if outcome != "ok":
-                    outcome += f": {record.get('detail', '')}"
+                if outcome != "ok":  # what a failure needs: why, where the time went, the tier
+                    phases = record.get("phases") or {}
+                    outcome += f": {record.get('detail', '')}; phases {phases}; now " + _tier_now(
+                        url, reset_tier, admin_key or ""
+                    )
             except ResetNotDone as exc:
                 outcome = str(exc)
             say(f"reset of {reset_tier}: {outcome}")
@@ -175,6 +179,16 @@ def kill_tier(url: str, tier: str, key: str) -> Callable[[], str]:
         raise LookupError(f"nothing listens on port {port} (tier {tier} is down)")
 
     return kill
+
+
+def _tier_now(url: str, tier: str, key: str) -> str:
+    """``tier``'s entry in the gateway's ``/admin/tiers`` (state, load), for a failure message."""
+    try:
+        headers = {"Authorization": f"Bearer {key}"}
+        described = httpx.get(f"{url}/admin/tiers", headers=headers, timeout=10).json()
+        return json.dumps(described["tiers"][tier], default=str)[:1500]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        return f"(/admin/tiers: {exc})"
 
 
 class ResetNotDone(RuntimeError):
