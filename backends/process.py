@@ -1,4 +1,4 @@
-"""Start, watch and stop one vLLM tier process (the I/O side of ``vllm_args``)."""
+"""Start, watch and stop one tier's server process (the I/O side of ``backends/commands.py``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import httpx
 
-from backends.vllm_args import TierLaunch, build_argv, build_env
+from backends.commands import EngineMissing, Programs, command
+from backends.launch import TierLaunch
 
 
 class TierStartError(RuntimeError):
@@ -88,10 +89,10 @@ def _last_error_line(log: Path) -> str:
 
 @dataclass
 class TierProcess:
-    """One running vLLM server. ``start`` → ``wait_ready`` → ``stop``."""
+    """One running tier server (vLLM or llama-server). ``start`` → ``wait_ready`` → ``stop``."""
 
     launch: TierLaunch
-    python: Path
+    programs: Programs
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
 
@@ -103,12 +104,18 @@ class TierProcess:
         """Spawn the server in its own process group (so ``stop`` reaches its workers); the
         previous log is kept (``rotate_log``)."""
         check_port_free(self.launch.host, self.launch.port)
+        try:
+            argv, env = command(self.launch, self.programs, os.environ)
+        except EngineMissing as exc:
+            raise TierStartError(str(exc)) from None
+        if self.launch.slot_dir is not None:
+            self.launch.slot_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         rotate_log(self.log_path)
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                build_argv(self.python, self.launch),
-                env=build_env(self.launch, dict(os.environ)),
+                argv,
+                env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import httpx
 
+from backends.commands import Programs
+from backends.launch import TierLaunch
 from backends.process import TierProcess, TierStartError
 from backends.tier_state import TierState
-from backends.vllm_args import TierLaunch
 
 log = logging.getLogger("model_optimizer.supervisor")
 
@@ -117,7 +118,7 @@ class Supervisor:
     def __init__(
         self,
         launches: list[TierLaunch],
-        python: Path,
+        programs: Programs,
         log_dir: Path,
         policy: RestartPolicy | None = None,
         warm_up: WarmUp | None = None,
@@ -132,7 +133,7 @@ class Supervisor:
         self._probe = probe
         self.records = {
             launch.name: TierRecord(
-                launch, TierProcess(launch, python, log_dir / f"tier-{launch.name}.log")
+                launch, TierProcess(launch, programs, log_dir / f"tier-{launch.name}.log")
             )
             for launch in launches
         }
@@ -214,7 +215,9 @@ class Supervisor:
                 record.process.stop()
                 self.set_state(name, TierState.DOWN, "replaced")
                 record.launch = launch
-                record.process = TierProcess(launch, record.process.python, record.process.log_path)
+                record.process = TierProcess(
+                    launch, record.process.programs, record.process.log_path
+                )
             self._start_one(name)
 
     # -- supervision -------------------------------------------------------------------------

@@ -3,41 +3,14 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
-LOOPBACK = "127.0.0.1"
+from backends.launch import TierLaunch
+
 # The checkout holding backends/: vLLM imports the tier guard (backends/tier_guard.py) from it.
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
 GUARD = "backends.tier_guard.TierGuard"
 GUARD_KEY_ENV = "MO_TIER_API_KEY"  # backends/tier_guard.py reads it
-
-
-@dataclass(frozen=True)
-class TierLaunch:
-    """Everything needed to start one vLLM OpenAI server for one precision tier."""
-
-    name: str
-    model_dir: Path
-    served_model_name: str
-    port: int
-    host: str = LOOPBACK
-    device: str = "cpu"
-    max_model_len: int = 2048
-    max_num_seqs: int = 8
-    max_num_batched_tokens: int | None = None
-    kv_cache_memory_bytes: int = 256 * 1024 * 1024
-    gpu_memory_utilization: float | None = None
-    kv_cache_dtype: str | None = None
-    dtype: str | None = None  # --dtype (None: the variant's own)
-    cpu_threads: str | None = None  # e.g. "0-1": VLLM_CPU_OMP_THREADS_BIND
-    # --enable-sleep-mode, so a KV reset can sleep (level 1) and wake the tier; cuda only
-    # (vLLM refuses the flag on CPU, where resets drop the prefix cache instead).
-    sleep_mode: bool = False
-    # The tier guard's key (backends/tier_guard.py): passed in the environment, never in argv,
-    # and kept out of repr. None: the guarded routes answer 401 to everyone.
-    api_key: str | None = field(default=None, repr=False)
-    extra_args: tuple[str, ...] = field(default_factory=tuple)
 
 
 def build_argv(python: Path, launch: TierLaunch) -> list[str]:

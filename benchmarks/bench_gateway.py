@@ -69,7 +69,7 @@ from benchmarks.http_load import LoadError, Pool, post_bytes  # noqa: E402
 from gateway.policy.schema import load_policy  # noqa: E402
 from measure.serving_stats import percentile  # noqa: E402
 from model_optimizer.envs import cache_root  # noqa: E402
-from model_optimizer.stack import DEFAULT_SERVED_NAME  # noqa: E402
+from model_optimizer.tier_setup import DEFAULT_SERVED_NAME  # noqa: E402
 
 LOCAL = "127.0.0.1"
 REDIS_URL = "redis://127.0.0.1:6379/0"

@@ -30,15 +30,18 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from backends.platform import machine_flags, native_precisions, serving_dtype  # noqa: E402
+from backends.commands import Programs  # noqa: E402
+from backends.platform import native_precisions, serving_dtype  # noqa: E402
 from backends.process import free_port  # noqa: E402
 from backends.process_tree import tree_rss_bytes  # noqa: E402
-from backends.spec import load_spec, resolve_tiers  # noqa: E402
+from backends.spec import load_spec  # noqa: E402
 from backends.supervisor import Supervisor  # noqa: E402
+from backends.tier_plan import resolve_tiers  # noqa: E402
+from common.cpu import machine_flags  # noqa: E402
 from measure.serving_stats import percentile  # noqa: E402
 from model_optimizer.envs import cache_root, env_python  # noqa: E402
 from model_optimizer.optimize import installed_vllm  # noqa: E402
-from model_optimizer.stack import DEFAULT_SERVED_NAME, DEFAULT_SPEC, warm_up  # noqa: E402
+from model_optimizer.tier_setup import DEFAULT_SERVED_NAME, DEFAULT_SPEC, warm_up  # noqa: E402
 
 MODEL = DEFAULT_SERVED_NAME
 
@@ -175,7 +178,9 @@ def main() -> int:
     variants = cache_root() / "variants" / MODEL
     if not variants.is_dir():
         raise SystemExit(f"no variants in {variants}: run ./mo up (or optimize) first")
-    launches = resolve_tiers(load_spec(DEFAULT_SPEC), variants, "cpu", installed_vllm(), 2)
+    launches = resolve_tiers(
+        load_spec(DEFAULT_SPEC), {"vllm": variants}, "cpu", installed_vllm(), 2
+    )
     flags = machine_flags()
     native = native_precisions("cpu", flags)
     emulated = variants.with_name(f"{variants.name}.emulated")
@@ -191,7 +196,9 @@ def main() -> int:
         if one.name not in native:  # as `up` serves it on CPUs without the kernel
             one = dataclasses.replace(one, model_dir=emulated / one.name)
             label = f"{one.name} (emulated)"
-        sup = Supervisor([one], env_python("serve"), cache_root() / "logs", warm_up=warm_up)
+        sup = Supervisor(
+            [one], Programs(vllm_python=env_python("serve")), cache_root() / "logs", warm_up=warm_up
+        )
         sup.start_all()
         try:
             proc = sup.records[one.name].process.process

@@ -46,7 +46,7 @@ from benchmarks.bench_gateway import (  # noqa: E402
     write_gateway_config,
 )
 from benchmarks.http_load import Pool, post_bytes  # noqa: E402
-from model_optimizer.stack import DEFAULT_SERVED_NAME  # noqa: E402
+from model_optimizer.tier_setup import DEFAULT_SERVED_NAME  # noqa: E402
 
 WARM_UP = 50
 

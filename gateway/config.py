@@ -23,8 +23,8 @@ from common.operator_yaml import OperatorYamlError, compose_yaml, read_text, val
 
 
 class TierEndpoint(BaseModel):
-    """One tier: a pool of OpenAI-compatible servers (vLLM) serving one precision, e.g.
-    ``fp16`` at ``http://127.0.0.1:8001``.
+    """One tier: a pool of OpenAI-compatible servers (vLLM or llama.cpp's llama-server) serving
+    one precision, e.g. ``fp16`` at ``http://127.0.0.1:8001``.
 
     The pool is given by one of: ``base_url`` (one server), ``endpoints`` (a static list of
     server URLs) or ``dns`` (``host:port``, optionally with an ``http://``/``https://`` scheme:
@@ -47,6 +47,8 @@ class TierEndpoint(BaseModel):
     # The tier's own key (backends/tier_guard.py), sent as its bearer token on every call;
     # None: none sent. Kept out of repr; from MO_TIER_API_KEY when the file gives none.
     api_key: str | None = Field(default=None, min_length=1, repr=False)
+    # The engine its servers run: how its /metrics read and how its KV pool is reset.
+    engine: Literal["vllm", "llama.cpp"] = "vllm"
 
     @model_validator(mode="before")
     @classmethod

@@ -24,8 +24,9 @@ from typing import Protocol
 import httpx
 import psutil
 
+from backends.commands import Programs
+from backends.launch import TierLaunch
 from backends.process import TierProcess, TierStartError, free_port
-from backends.vllm_args import TierLaunch
 from common.env_paths import cache_root, env_python
 from measure.bench import RunResult
 from measure.memory import Backend, backends_of
@@ -45,7 +46,7 @@ COMPARED = (
 
 
 class TierLauncher(Protocol):
-    """What the KV step needs from ``up``; the CLI hands one in (model_optimizer.stack's)."""
+    """What the KV step needs from ``up``; the CLI hands one in (model_optimizer.tier_setup's)."""
 
     def launch(self, model: str, tier: str) -> TierLaunch:
         """``tier``'s launch exactly as ``up`` builds it for ``model``'s cached variants."""
@@ -199,7 +200,7 @@ def kv_tier(
             launch, port=free_port(), kv_cache_dtype=dtype, cpu_threads=threads
         )
         log = cache_root() / "logs" / f"bench-{tier}-kv-{dtype}.log"
-        process = TierProcess(one, env_python("serve"), log)
+        process = TierProcess(one, Programs(vllm_python=env_python("serve")), log)
         print(f"bench: starting {tier} with --kv-cache-dtype {dtype} ...", file=sys.stderr)
         try:
             process.start()

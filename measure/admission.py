@@ -11,7 +11,15 @@ answered "L'Étoile, la Marseur, …" to "What is the capital of France?"). For 
 - free-running: the tier's own greedy answer against the reference's, position by position
   (``free_agreement``) and where they first differ (``first_divergence``);
 - a factual probe (``expect``: words one of which a right answer names) also asks whether the
-  tier's answer names one of them where the reference's does.
+  tier lost the fact the reference names: it is lost when the tier's own greedy answer does
+  not name it *and*, put on the reference's own path (teacher-forced), its top-1 does not give
+  the word's tokens either (``fact_span``, ``fact_kept``). Either alone misjudges: on a prompt
+  whose first token is a coin toss for the model ("What is the capital of France?": "The"
+  0.164 against "L" 0.144 for SmolLM2's fp16) any rounding sends a greedy answer down the
+  other path ("L'Étoile, ..."), and a reference path the tier would not take ("A week is
+  approximately 7 days") can miss the word where the tier's own answer ("There are 7 days in
+  a week") has it. A broken kernel loses it both ways. Without the reference's token pieces,
+  the free-running answer alone decides.
 
 ``judge`` turns the figures into a verdict against per-category floors: a category passes when
 its mean teacher-forced agreement reaches the floor and no factual probe of it was lost.
@@ -57,15 +65,15 @@ class ProbeFigures:
     expect: tuple[str, ...] = ()
     answer: str = ""
     reference_answer: str = ""
+    fact_kept: bool | None = None  # teacher-forced on the reference's path (None: not judged)
 
     @property
     def factual_lost(self) -> bool:
-        """A factual probe the reference answers right and this tier does not."""
-        return (
-            bool(self.expect)
-            and names_any(self.reference_answer, self.expect)
-            and not (names_any(self.answer, self.expect))
-        )
+        """A factual probe the reference answers right and this tier does not, neither in its
+        own greedy answer nor on the reference's path (when that was judged)."""
+        if not self.expect or not names_any(self.reference_answer, self.expect):
+            return False
+        return not names_any(self.answer, self.expect) and self.fact_kept is not True
 
 
 @dataclass(frozen=True)
@@ -147,6 +155,42 @@ def names_any(answer: str, words: Iterable[str]) -> bool:
     """Whether ``answer`` contains one of ``words`` (case-insensitive)."""
     low = answer.lower()
     return any(word.lower() in low for word in words)
+
+
+def fact_span(pieces: Sequence[str], expect: Iterable[str]) -> range | None:
+    """The token positions of the first expected word in an answer given as token pieces
+    (``None``: the answer names none of them)."""
+    text = "".join(pieces)
+    low = text.lower()
+    found = [(low.find(w.lower()), len(w)) for w in expect if w and w.lower() in low]
+    if not found:
+        return None
+    start, length = min(found)
+    end, first, last, offset = start + length, None, None, 0
+    for i, piece in enumerate(pieces):
+        if first is None and offset + len(piece) > start:
+            first = i
+        offset += len(piece)
+        if offset >= end:
+            last = i
+            break
+    if first is None or last is None:
+        return None
+    return range(first, last + 1)
+
+
+def fact_kept(
+    pieces: Sequence[str],
+    reference: Sequence[int],
+    top1: Sequence[int],
+    expect: Iterable[str],
+) -> bool | None:
+    """Whether a tier's teacher-forced top-1 tokens give the reference's tokens over the
+    expected word (``None``: no such word in the reference's pieces, or no pieces)."""
+    span = fact_span(pieces, expect) if len(pieces) == len(reference) else None
+    if span is None or span.stop > len(top1):
+        return None
+    return all(top1[k] == reference[k] for k in span)
 
 
 def first_divergence(answer: Sequence[int], reference: Sequence[int]) -> int | None:

@@ -150,8 +150,15 @@ async def run_level(
         recorder.ended = time.perf_counter()
 
 
-async def warm_up(url: str, model: str, prompt: Prompt, output_len: int, count: int) -> None:
+async def warm_up(
+    url: str,
+    model: str,
+    prompt: Prompt,
+    output_len: int,
+    count: int,
+    headers: dict[str, str] | None = None,
+) -> None:
     """``count`` requests whose results are dropped (first-call costs stay out of the run)."""
     async with httpx.AsyncClient(timeout=900.0, trust_env=False) as client:
         for _ in range(count):
-            await one_request(client, url, model, prompt, output_len)
+            await one_request(client, url, model, prompt, output_len, headers)

@@ -41,11 +41,14 @@ class SpeedOptions:
     seed: int = 0
 
 
+Headers = dict[str, str] | None
+
+
 async def _level(
-    url: str, model: str, prompts: Sequence[Prompt], opts: SpeedOptions, c: int
+    url: str, model: str, prompts: Sequence[Prompt], opts: SpeedOptions, c: int, headers: Headers
 ) -> Recorder:
     recorder = Recorder()
-    await run_level(url, model, prompts, opts.output_len, c, recorder)
+    await run_level(url, model, prompts, opts.output_len, c, recorder, headers=headers)
     return recorder
 
 
@@ -60,26 +63,34 @@ def alone_order(names: Sequence[str], requests: int) -> list[tuple[int, str]]:
 
 
 async def _alone(
-    tiers: Mapping[str, str], model: str, prompts: Sequence[Prompt], opts: SpeedOptions
+    tiers: Mapping[str, str],
+    model: str,
+    prompts: Sequence[Prompt],
+    opts: SpeedOptions,
+    headers: Headers,
 ) -> dict[str, list[RequestResult]]:
     results: dict[str, list[RequestResult]] = {name: [] for name in tiers}
     for index, name in alone_order(list(tiers), len(prompts)):
-        recorder = await _level(tiers[name], model, [prompts[index]], opts, 1)
+        recorder = await _level(tiers[name], model, [prompts[index]], opts, 1, headers)
         results[name] += recorder.ordered()
     return results
 
 
 async def measure_tiers(
-    tiers: Mapping[str, str], model: str, tokenizer_dir: Path, opts: SpeedOptions
+    tiers: Mapping[str, str],
+    model: str,
+    tokenizer_dir: Path,
+    opts: SpeedOptions,
+    headers: Headers = None,
 ) -> dict[str, TierSpeed]:
     tokenizer = load_tokenizer(tokenizer_dir)
     prompts = make_prompts(tokenizer, opts.requests, opts.input_len, opts.seed)
     for url in tiers.values():
-        await warm_up(url, model, prompts[0], opts.output_len, 1)
-    alone = await _alone(tiers, model, prompts, opts)
+        await warm_up(url, model, prompts[0], opts.output_len, 1, headers)
+    alone = await _alone(tiers, model, prompts, opts, headers)
     out = {}
     for name, url in tiers.items():
-        loaded = await _level(url, model, prompts, opts, opts.concurrency)
+        loaded = await _level(url, model, prompts, opts, opts.concurrency, headers)
         one = compute_stats(alone[name], sum(r.latency for r in alone[name]) or 1e-9)
         many = compute_stats(list(loaded.results.values()), loaded.ended - loaded.started)
         out[name] = TierSpeed(
@@ -94,7 +105,11 @@ async def measure_tiers(
 
 
 def calibrate(
-    tiers: Mapping[str, str], model: str, tokenizer_dir: Path, opts: SpeedOptions | None = None
+    tiers: Mapping[str, str],
+    model: str,
+    tokenizer_dir: Path,
+    opts: SpeedOptions | None = None,
+    headers: Headers = None,
 ) -> dict[str, TierSpeed]:
-    """Every tier's speed (synchronous, for ``up``)."""
-    return asyncio.run(measure_tiers(tiers, model, tokenizer_dir, opts or SpeedOptions()))
+    """Every tier's speed (synchronous, for ``up``); ``headers`` carry the tiers' key."""
+    return asyncio.run(measure_tiers(tiers, model, tokenizer_dir, opts or SpeedOptions(), headers))

@@ -6,6 +6,7 @@ endpoint (tiers only: the gateway forwards no other path than the OpenAI ones).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ class Answer:
     prompt_tokens: int
     completion_tokens: int
     headers: dict[str, str]
+    pieces: tuple[str, ...] = ()  # each generated token's text, when asked for
 
 
 async def post(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> httpx.Response:
@@ -107,8 +109,10 @@ async def complete(
     max_tokens: int,
     seed: int,
     stop: Sequence[str] = (),
+    pieces: bool = False,
 ) -> Answer:
-    """A greedy completion of a text or token-id prompt (generated token ids included)."""
+    """A greedy completion of a text or token-id prompt (generated token ids included; with
+    ``pieces`` each token's text too, from the completions API's ``logprobs``)."""
     body: dict[str, Any] = {
         "model": model,
         "prompt": prompt if isinstance(prompt, str) else list(prompt),
@@ -119,8 +123,19 @@ async def complete(
     }
     if stop:
         body["stop"] = list(stop)
+    if pieces:
+        body["logprobs"] = 1
     response = await post(client, f"{base}/v1/completions", body)
-    return _answer(response, "text")
+    answer = _answer(response, "text")
+    if not pieces:
+        return answer
+    try:
+        tokens = response.json()["choices"][0]["logprobs"]["tokens"]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return answer
+    if not isinstance(tokens, list):
+        return answer
+    return dataclasses.replace(answer, pieces=tuple(str(t) for t in tokens))
 
 
 async def chat(

@@ -28,7 +28,8 @@ from model_optimizer.models import AlreadyReported, ModelError
 from model_optimizer.optimize import run_check, run_optimize
 from model_optimizer.serving_check import admission_probes, check_tiers
 from model_optimizer.soak import kill_tier, render, soak
-from model_optimizer.stack import DEFAULT_POLICY, DEFAULT_SPEC, StackLauncher, UpOptions, run_up
+from model_optimizer.stack import run_up
+from model_optimizer.tier_setup import DEFAULT_POLICY, DEFAULT_SPEC, StackLauncher, UpOptions
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 DEFAULT_GATEWAY_PORT = 8000
@@ -57,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
         "--variants", default=None, help="serve pre-built variants (fp16/ int8/ int4/) as they are"
     )
     up.add_argument("--policy", default=None, help="routing policy (policies/routing.yaml)")
+    up.add_argument(
+        "--engine",
+        choices=("auto", "vllm", "llama.cpp"),
+        default=None,
+        help="the tiers' engine (default: the spec's, auto: vLLM on a GPU, llama.cpp on a CPU)",
+    )
     up.add_argument(
         "--redis-url", default=DEFAULT_REDIS, help=f"shared state ('' for none; {DEFAULT_REDIS})"
     )
@@ -148,6 +155,7 @@ def _up(args: argparse.Namespace) -> int:
             variants=Path(args.variants) if args.variants else None,
             policy=Path(args.policy) if args.policy else DEFAULT_POLICY,
             redis_url=args.redis_url or None,
+            engine=args.engine,
         )
     )
 

@@ -13,7 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from backends.spec import DeploymentSpec, SpecError, load_spec, read_variants, spec_error
+from backends.spec import DeploymentSpec, SpecError, load_spec, spec_error
+from backends.tier_plan import read_variants
 from backends.vllm_args import SOURCE_ROOT
 from gateway.policy.schema import PolicyError
 from gateway.policy.store import PolicyStore
@@ -96,7 +97,7 @@ def render_files(
     PolicyStore(policy, [t.name for t in spec.tiers]).load()  # the gateway's own checks
     policy_text = policy.read_text(encoding="utf-8")
     sources = Sources(policy_text=policy_text, guard_text=GUARD_SOURCE.read_text(encoding="utf-8"))
-    objects = render(spec, read_variants(spec, folder), sources, options)
+    objects = render(spec, read_variants(spec, {"vllm": folder}), sources, options)
     return rendered_files(objects, secret_example(options.namespace, options.secret_name))
 
 

@@ -8,9 +8,11 @@ when cached); ``python3 -m model_optimizer.envs path NAME`` prints an environmen
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +31,9 @@ from common.env_paths import (
     has_nvidia_gpu,
     specs,
 )
+from common.llama_cpp import ENGINE as LLAMA_CPP
+from common.llama_cpp import LLAMA_CPP_ENV
+from model_optimizer.llama_build import BuildError, ensure_llama_cpp
 
 # Re-exported for the CLI, tests, benchmarks and scripts that import them from here.
 __all__ = [
@@ -114,31 +119,77 @@ def ensure(name: str, gpu: bool) -> Path:
     return target
 
 
+class _LlamaBuild(threading.Thread):
+    """llama.cpp's build (model_optimizer/llama_build.py) beside the environments' pip installs:
+    the compiler keeps the cores busy while pip mostly waits on downloads and disk."""
+
+    def __init__(self) -> None:
+        super().__init__(name="llama.cpp-build", daemon=True)
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            ensure_llama_cpp(lambda message: print(f"setup: {message}", flush=True))
+        except (BuildError, OSError, subprocess.SubprocessError) as exc:
+            self.error = str(exc)
+
+
+def wants_llama_cpp(names: list[str], gpu: bool, environ: dict[str, str]) -> bool:
+    """Whether ``ensure`` builds llama.cpp: asked by name, or by default on a CPU-only host
+    (where its tiers serve), unless ``MO_LLAMA_CPP`` names an existing one (pure)."""
+    if environ.get(LLAMA_CPP_ENV, "").strip():
+        return False
+    return LLAMA_CPP in names if names else not gpu
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m model_optimizer.envs")
     sub = parser.add_subparsers(dest="command", required=True)
-    ens = sub.add_parser("ensure", help="create missing environments")
+    ens = sub.add_parser("ensure", help="create missing environments (and llama.cpp's build)")
     known = (*ENV_NAMES, *ON_DEMAND_ENV_NAMES)
     ens.add_argument(
-        "names", nargs="*", help=f"some of {', '.join(known)} (default: {', '.join(ENV_NAMES)})"
+        "--for-up",
+        action="store_true",
+        help="only what up needs here: gateway and optimize, and llama.cpp (CPU) or serve (GPU)",
+    )
+    ens.add_argument(
+        "names",
+        nargs="*",
+        help=f"some of {', '.join((*known, LLAMA_CPP))} (default: {', '.join(ENV_NAMES)}, and "
+        f"{LLAMA_CPP} on a CPU-only host)",
     )
     path = sub.add_parser("path", help="print an environment's folder")
     path.add_argument("name", choices=known)
     args = parser.parse_args(argv)
-    unknown = sorted(set(getattr(args, "names", [])) - set(known))
+    unknown = sorted(set(getattr(args, "names", [])) - {*known, LLAMA_CPP})
     if unknown:
-        parser.error(f"unknown environment {unknown[0]!r}: choose from {', '.join(known)}")
+        choices = ", ".join((*known, LLAMA_CPP))
+        parser.error(f"unknown environment {unknown[0]!r}: choose from {choices}")
     gpu = has_nvidia_gpu()
     if args.command == "path":
         print(env_dir(args.name, gpu))
         return 0
-    for name in args.names or ENV_NAMES:
+    asked = list(args.names)
+    if args.for_up:
+        asked = ["gateway", "optimize", "serve" if gpu else LLAMA_CPP]
+    build = _LlamaBuild() if wants_llama_cpp(asked, gpu, dict(os.environ)) else None
+    if build is not None:
+        build.start()
+    code = 0
+    names = [name for name in asked if name != LLAMA_CPP] if asked else list(ENV_NAMES)
+    for name in names:
         try:
             ensure(name, gpu)
         except subprocess.CalledProcessError as exc:
             print(f"setup: building the {name} environment failed: {exc}", file=sys.stderr)
-            return 1
-    return 0
+            code = 1
+            break
+    if build is not None:
+        build.join()
+        if build.error is not None:
+            print(f"setup: {build.error}", file=sys.stderr)
+            code = code or 1
+    return code
 
 
 if __name__ == "__main__":

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backends.platform import CPUINFO
+from backends.launch import TierLaunch
 from backends.spec import AdmissionSpec
-from backends.vllm_args import TierLaunch
+from common.cpu import CPUINFO
 from gateway.config import GatewayConfig
 from gateway.measured import MeasuredStack, measured_path, write_measured
 from measure.admission import (
@@ -47,8 +47,9 @@ from model_optimizer.envs import cache_root
 from model_optimizer.models import ModelError
 from optimizer.probes import load_probes
 
-VERSION = "5"  # bump when the check's procedure changes (2: speeds; 3: interleaved; 4: 8 alone;
-# 5: a tie between native and emulated goes back to native)
+VERSION = "6"  # bump when the check's procedure changes (2: speeds; 3: interleaved; 4: 8 alone;
+# 5: a tie between native and emulated goes back to native; 6: facts judged on the reference's
+# path, llama.cpp tiers)
 EMULABLE = ("int8", "int4")
 
 
@@ -150,7 +151,7 @@ def variant_digest(folder: Path) -> str:
         digest.update(str(meta["input_key"]["digest"]).encode())
     except (OSError, ValueError, KeyError, TypeError):
         digest.update(b"no metadata digest")
-    for file in sorted(folder.glob("*.safetensors")):
+    for file in sorted([*folder.glob("*.safetensors"), *folder.glob("*.gguf")]):
         with file.open("rb") as fh:
             digest.update(f"{file.name}:{hashlib.file_digest(fh, 'sha256').hexdigest()}".encode())
     return digest.hexdigest()[:16]
@@ -212,6 +213,8 @@ def check_tiers(
     spec: AdmissionSpec,
     probes: Sequence[AdmissionProbe],
     modes: Mapping[str, str] | None = None,
+    engines: Mapping[str, str] | None = None,
+    api_key: str | None = None,
 ) -> CheckResult:
     """One admission run over running tiers (name -> base URL), judged by ``spec``: what
     ``up`` does after the start and ``check --serving`` on demand."""
@@ -221,6 +224,8 @@ def check_tiers(
         floors={str(k): v for k, v in spec.floors.items()},
         max_tokens=spec.max_tokens,
         modes=modes or {},
+        engines=engines or {},
+        api_key=api_key,
     )
     return run_check(opts, probes)
 
@@ -231,7 +236,9 @@ def check(
     """One admission run over the tiers ``up`` launched."""
     tiers = {t.name: f"http://{t.host}:{t.port}" for t in launches}
     modes = {t.name: "emulated" if is_emulated(t) else "native" for t in launches}
-    return check_tiers(tiers, spec, probes, modes)
+    engines = {t.name: t.engine for t in launches}
+    key = next((t.api_key for t in launches if t.api_key), None)
+    return check_tiers(tiers, spec, probes, modes, engines, key)
 
 
 def admit(
@@ -259,7 +266,7 @@ def admit(
         verdict = verdicts.get(launch.name)
         if verdict is None or verdict.passed:
             continue
-        if launch.name not in EMULABLE or is_emulated(launch):
+        if launch.name not in EMULABLE or is_emulated(launch) or launch.engine != "vllm":
             continue
         say(f"{verdict.summary()}; serving it emulated and checking again")
         copy = emulate(launch)
@@ -277,7 +284,9 @@ def admit(
 def measure_speeds(launches: Sequence[TierLaunch], tokenizer_dir: Path) -> dict[str, TierSpeed]:
     """Each tier's speed alone and under a little load (measure/speed.py), one at a time."""
     tiers = {t.name: f"http://{t.host}:{t.port}" for t in launches}
-    return calibrate(tiers, launches[0].served_model_name, tokenizer_dir)
+    key = next((t.api_key for t in launches if t.api_key), None)
+    headers = {"authorization": f"Bearer {key}"} if key else None
+    return calibrate(tiers, launches[0].served_model_name, tokenizer_dir, headers=headers)
 
 
 def print_admission(admission: Admission) -> None:

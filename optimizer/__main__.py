@@ -8,12 +8,16 @@ transformers and llm-compressor live only in the optimize environment. Exit code
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 from pathlib import Path
 
 from optimizer.artifacts import OutputError, check_output
+from optimizer.gguf_build import is_gguf_target, optimize_gguf, verify_gguf
+from optimizer.gguf_measure import GGUFBuildError
+from optimizer.gguf_plan import GGUFPlanError
 from optimizer.kvcache import KVCacheError
 from optimizer.layers import PlanError
 from optimizer.pipeline import CheckFailed, Job, emulate, optimize, verify
@@ -51,8 +55,9 @@ def optimize_command(args: argparse.Namespace) -> int:
         target_framework=args.target_framework,
         compile_level=args.compile_level,
     )
+    build = optimize_gguf if is_gguf_target(args.target_framework) else optimize
     try:
-        results = optimize(job, _say)
+        results = build(job, _say)
     except CheckFailed as exc:
         print(str(exc), flush=True)
         return 1
@@ -82,8 +87,10 @@ def check_command(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe) if args.recipe else load_recipe(DEFAULT_RECIPE)
     if not (args.variant / "metadata.json").is_file():
         raise SourceError(f"not a variant folder: {args.variant} has no metadata.json")
+    meta = json.loads((args.variant / "metadata.json").read_text())
+    check = verify_gguf if meta.get("format") == "gguf" else verify
     try:
-        verify(materialize(args.model, args.cache), args.variant, recipe, _say)
+        check(materialize(args.model, args.cache), args.variant, recipe, _say)
     except CheckFailed as exc:
         print(str(exc), flush=True)
         return 1
@@ -102,7 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     opt.add_argument("--recipe", type=Path, default=None)
     opt.add_argument("--output", type=Path, required=True)
     opt.add_argument("--quantize", default=None, help="single-variant form: fp16, int8, int4")
-    opt.add_argument("--target-framework", required=True, help="e.g. vllm==0.32.0")
+    opt.add_argument(
+        "--target-framework",
+        required=True,
+        help="e.g. vllm==0.32.0 (safetensors variants) or llama.cpp (GGUF variants)",
+    )
     opt.add_argument("--compile-level", type=int, default=1, choices=(1, 2, 3))
     opt.add_argument("--cache", type=Path, required=True)
     emu = sub.add_parser("emulate", help="a dequantized bf16 copy of a quantized variant")
@@ -126,7 +137,15 @@ def main(argv: list[str] | None = None) -> int:
             emulate(args.variant, args.output, _say)
             return 0
         return optimize_command(args)
-    except (SourceError, RecipeError, OutputError, PlanError, KVCacheError) as exc:
+    except (
+        SourceError,
+        RecipeError,
+        OutputError,
+        PlanError,
+        KVCacheError,
+        GGUFPlanError,
+        GGUFBuildError,
+    ) as exc:
         # materialize's stdout is its answer (a path); the other commands report on stdout.
         stream = sys.stderr if args.command == "materialize" else sys.stdout
         print(f"error: {exc}", file=stream, flush=True)

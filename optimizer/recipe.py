@@ -145,6 +145,41 @@ class KVCacheSection(Section):
         return self
 
 
+GGMLFloat = Literal["F16", "BF16", "F32"]
+GGML4Bit = Literal["Q4_0", "Q4_1", "Q4_K_S", "Q4_K_M", "IQ4_NL", "IQ4_XS"]
+
+
+def _default_int4_types() -> list[GGML4Bit]:
+    return ["Q4_0", "Q4_K_M"]
+
+
+class GGUFSection(Section):
+    """llama.cpp (GGUF) variants: the GGML type of each; optimizer/gguf_plan.py says what every
+    other part of the recipe means for them."""
+
+    # The unquantized variants. BF16 by default: the same bytes as the reference the precision
+    # check compares with (the source's weights as bf16), so "fp16" is exact as on vLLM.
+    fp16: GGMLFloat = "BF16"
+    bf16: GGMLFloat = "BF16"
+    int8: Literal["Q8_0"] = "Q8_0"
+    # Candidates: each is quantized, checked and timed here; the fastest that passes is kept.
+    int4: list[GGML4Bit] = Field(default_factory=_default_int4_types, min_length=1)
+    # Candidates whose time per token is within this share of the fastest's count as tied;
+    # among the tied, the lowest KL wins.
+    speed_tolerance: float = Field(default=0.1, ge=0, le=1)
+    # Mixed precision for the GGUF variants: null = quantization.ignore and
+    # quantization.layer_overrides apply; a list (even empty) replaces both.
+    layer_overrides: list[LayerOverride] | None = None
+
+    @field_validator("int4")
+    @classmethod
+    def _unique(cls, value: list[GGML4Bit]) -> list[GGML4Bit]:
+        repeated = sorted({t for t in value if value.count(t) > 1})
+        if repeated:
+            raise ValueError(f"names {', '.join(repeated)} twice")
+        return value
+
+
 def _default_variants() -> dict[Precision, VariantSpec]:
     return {p: default_variant_spec(p) for p in DEFAULT_VARIANTS}
 
@@ -158,6 +193,7 @@ class Recipe(Section):
     quantization: QuantizationSection = Field(default_factory=QuantizationSection)
     calibration: CalibrationSection = Field(default_factory=CalibrationSection)
     kv_cache: KVCacheSection = Field(default_factory=KVCacheSection)
+    gguf: GGUFSection = Field(default_factory=GGUFSection)
 
     @field_validator("variants", mode="before")
     @classmethod
@@ -208,11 +244,30 @@ def parse_recipe(text: str, source_name: str = "<recipe>") -> Recipe:
 # --------------------------------------------------------------------------- derived recipes
 
 
-def recipe_hash(recipe: Recipe) -> str:
-    """16 hex chars of sha256 over the canonical JSON (aliases and defaults already applied)."""
-    canonical = json.dumps(
-        recipe.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=True
-    )
+# What a variant's bytes do not depend on, per format: vLLM variants ignore the gguf section;
+# GGUF variants ignore what optimizer/gguf_plan.py lists as not applicable. Editing one format's
+# part of a recipe leaves the other format's variants up to date.
+_NOT_HASHED: dict[str, tuple[tuple[str, ...], ...]] = {
+    "safetensors": (("gguf",),),
+    "gguf": (
+        ("quantization", "group_size"),
+        ("quantization", "smoothing_strength"),
+        ("quantization", "default_precision"),
+        ("calibration",),
+    ),
+}
+
+
+def recipe_hash(recipe: Recipe, fmt: str = "safetensors") -> str:
+    """16 hex chars of sha256 over the canonical JSON (aliases and defaults already applied) of
+    the parts of the recipe that variants of format ``fmt`` (safetensors or gguf) depend on."""
+    data = recipe.model_dump(mode="json")
+    for path in _NOT_HASHED[fmt]:
+        parent = data
+        for key in path[:-1]:
+            parent = parent[key]
+        parent.pop(path[-1], None)
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
 

@@ -33,13 +33,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hypothesis_seed
 from schemathesis import GenerationMode
 
-from backends.vllm_args import TierLaunch
+from backends.launch import TierLaunch
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 from gateway.server import server_options
 from model_optimizer.envs import cache_root
 from model_optimizer.models import materialize
-from model_optimizer.stack import DEFAULT_SPEC, UpOptions, gateway_config, spec_tiers
+from model_optimizer.stack import gateway_config, spec_tiers
+from model_optimizer.tier_setup import DEFAULT_SPEC, UpOptions
 from tests.servers import ServerThread
 from tests.stub_tier import StubTier
 

@@ -384,6 +384,7 @@ class ResetCoordinator:
                 self.runtime.upstream.client,
                 model=model,
                 api_key=endpoint.api_key,
+                engine=endpoint.engine,
             )
             self._clients[key] = client
         return self._clients[key]

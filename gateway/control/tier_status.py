@@ -3,7 +3,8 @@
 ``TierBoard`` merges two sources into the router's ``TierStatus`` values:
 - the supervisor's ``TierState`` (backends/tier_state.py) when the gateway runs beside it
   (``supervisor_states``), or a reset's ``draining``/``resetting`` mark (``set_state``);
-- the tier's own ``/metrics`` (vLLM's Prometheus text, parsed by backends/metrics.py): queue
+- the tier's own ``/metrics`` (vLLM's Prometheus text, parsed by backends/metrics.py; a
+  llama-server's by backends/llama_metrics.py): queue
   depth and KV-cache usage for saturation, scraped every ``metrics_interval`` seconds. A tier
   without ``/metrics`` is probed at ``/health``; a tier that answers neither is ``down``.
 
@@ -20,7 +21,14 @@ from dataclasses import dataclass
 
 import anyio
 
-from backends.metrics import MetricsParseError, TierMetrics, parse_metrics
+from backends.llama_metrics import parse_llama_metrics
+from backends.metrics import (
+    KV_CACHE_USAGE,
+    PREEMPTIONS,
+    MetricsParseError,
+    TierMetrics,
+    parse_metrics,
+)
 from backends.tier_state import TierState
 from gateway.config import TierEndpoint
 from gateway.control.live_guard import LiveGuard
@@ -252,9 +260,16 @@ class TierBoard:
             "scrape_error": scrape.error if scrape else None,
             "requests_running": metrics.requests_running if metrics else None,
             "requests_waiting": metrics.requests_waiting if metrics else None,
-            "kv_cache_usage": metrics.kv_cache_usage if metrics else None,
-            "preemptions": metrics.preemptions if metrics else None,
+            # None where the engine has no such figure (llama.cpp: no KV pool, no preemption)
+            "kv_cache_usage": _known(metrics, "kv_cache_usage", KV_CACHE_USAGE[0]),
+            "preemptions": _known(metrics, "preemptions", PREEMPTIONS[0]),
         }
+
+
+def _known(metrics: TierMetrics | None, field: str, family: str) -> float | None:
+    if metrics is None or family in metrics.missing:
+        return None
+    return float(getattr(metrics, field))
 
 
 _LOAD_FIELDS = (
@@ -296,6 +311,8 @@ async def scrape_tier(
     answer = await _get(upstream, tier, "/metrics", timeout)
     if isinstance(answer, tuple) and answer[0] == 200:
         try:
+            if tier.engine == "llama.cpp":
+                return Scrape(True, parse_llama_metrics(answer[1]), now)
             return Scrape(True, parse_metrics(answer[1], model_name), now)
         except MetricsParseError as exc:
             error = str(exc)

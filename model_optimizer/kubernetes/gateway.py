@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from backends.vllm_args import TierLaunch
+from backends.launch import TierLaunch
 from gateway.config import (
     ADMIN_KEYS_ENV,
     API_KEYS_ENV,

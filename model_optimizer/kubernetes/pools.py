@@ -9,7 +9,7 @@ HTTPRoutes are the cluster's own (docs/kubernetes.md#llm-d-and-the-inference-ext
 
 from __future__ import annotations
 
-from backends.vllm_args import TierLaunch
+from backends.launch import TierLaunch
 from model_optimizer.kubernetes.objects import TIER, Manifest, labels, meta, tier_service_name
 from model_optimizer.kubernetes.options import KubeOptions
 

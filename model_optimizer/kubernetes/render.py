@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from backends.spec import DeploymentSpec, VariantInfo
+from backends.spec import DeploymentSpec
+from backends.tier_plan import VariantInfo
 from model_optimizer.kubernetes.gateway import gateway_config, gateway_objects, redis_objects
 from model_optimizer.kubernetes.objects import APP, NAME_LABEL, Manifest
 from model_optimizer.kubernetes.options import KubeOptions

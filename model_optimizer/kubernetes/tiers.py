@@ -11,8 +11,10 @@ import dataclasses
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from backends.spec import DeploymentSpec, VariantInfo, plan_tiers, spec_error
-from backends.vllm_args import GUARD, GUARD_KEY_ENV, TierLaunch, build_argv, build_env
+from backends.launch import TierLaunch
+from backends.spec import DeploymentSpec, spec_error
+from backends.tier_plan import VariantInfo, plan_tiers
+from backends.vllm_args import GUARD, GUARD_KEY_ENV, build_argv, build_env
 from model_optimizer.kubernetes.objects import (
     GUARD_MAP,
     GUARD_ROOT,

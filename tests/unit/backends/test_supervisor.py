@@ -3,6 +3,8 @@ import sys
 import time
 from pathlib import Path
 
+from backends.commands import Programs
+from backends.launch import TierLaunch
 from backends.supervisor import (
     RestartPolicy,
     Supervisor,
@@ -11,7 +13,6 @@ from backends.supervisor import (
     restart_delay,
 )
 from backends.tier_state import TierState
-from backends.vllm_args import TierLaunch
 from tests.servers import port_is_free
 
 POLICY = RestartPolicy(max_restarts=3, backoff_initial_s=1.0, backoff_max_s=5.0, window_s=60.0)
@@ -63,7 +64,9 @@ def test_a_tier_that_crashes_once_per_window_is_always_restarted(tmp_path: Path)
     (a cap per lifetime gave up on the second)."""
     launch = TierLaunch(name="int4", model_dir=tmp_path, served_model_name="m", port=_port())
     policy = RestartPolicy(max_restarts=1, backoff_initial_s=0.1, backoff_max_s=0.1, window_s=1.0)
-    sup = Supervisor([launch], _fake_server(tmp_path), tmp_path / "logs", policy)
+    sup = Supervisor(
+        [launch], Programs(vllm_python=_fake_server(tmp_path)), tmp_path / "logs", policy
+    )
     sup.start_all()
     try:
         for crash in (1, 2):
@@ -85,7 +88,13 @@ def test_a_slow_restart_does_not_hold_up_another_tiers(tmp_path: Path) -> None:
         for n in ("fp16", "int4")
     ]
     policy = RestartPolicy(max_restarts=3, backoff_initial_s=0.1, backoff_max_s=0.1)
-    sup = Supervisor(launches, _fake_server(tmp_path), tmp_path / "logs", policy, start_timeout=60)
+    sup = Supervisor(
+        launches,
+        Programs(vllm_python=_fake_server(tmp_path)),
+        tmp_path / "logs",
+        policy,
+        start_timeout=60,
+    )
     sup.start_all()
     try:
         (tmp_path / f"slow-{launches[1].port}").touch()  # int4's next start: 30 s
@@ -115,7 +124,9 @@ def test_a_hung_tier_is_killed_and_restarted(tmp_path: Path) -> None:
     policy = RestartPolicy(
         backoff_initial_s=0.1, health_interval_s=0.2, health_timeout_s=0.5, health_misses=3
     )
-    sup = Supervisor([launch], _fake_server(tmp_path), tmp_path / "logs", policy)
+    sup = Supervisor(
+        [launch], Programs(vllm_python=_fake_server(tmp_path)), tmp_path / "logs", policy
+    )
     sup.start_all()
     try:
         hung = sup.records["int8"].process.process
@@ -166,7 +177,7 @@ def test_starts_in_turn_restarts_a_crash_and_stops_everything(tmp_path: Path) ->
     warmed: list[str] = []
     sup = Supervisor(
         launches,
-        _fake_server(tmp_path),
+        Programs(vllm_python=_fake_server(tmp_path)),
         tmp_path / "logs",
         RestartPolicy(max_restarts=2, backoff_initial_s=0.2, backoff_max_s=1.0),
         warm_up=lambda launch: warmed.append(launch.name),
@@ -217,7 +228,11 @@ def test_each_tier_s_port_is_held_until_just_before_it_starts(tmp_path: Path) ->
         seen.append((launch.name, others_held, port_is_free(launch.port)))
 
     sup = Supervisor(
-        launches, _fake_server(tmp_path), tmp_path / "logs", POLICY, before_start=release
+        launches,
+        Programs(vllm_python=_fake_server(tmp_path)),
+        tmp_path / "logs",
+        POLICY,
+        before_start=release,
     )
     try:
         sup.start_all()

@@ -1,6 +1,7 @@
 from pathlib import Path
 
-from backends.vllm_args import TierLaunch, build_argv, build_env
+from backends.launch import TierLaunch
+from backends.vllm_args import build_argv, build_env
 
 
 def _launch(**kw: object) -> TierLaunch:

@@ -14,6 +14,8 @@ from measure.admission import (
     ProbeFigures,
     TierVerdict,
     emulation_helps,
+    fact_kept,
+    fact_span,
     first_divergence,
     judge,
     load_facts,
@@ -141,3 +143,54 @@ def test_the_shipped_facts_load(tmp_path: Path) -> None:
     bad.write_text('{"category": "chat", "text": "hi"}\n')
     with pytest.raises(AdmissionError, match=r"f.jsonl:1: needs category, text"):
         load_facts(bad)
+
+
+# "The capital of France is Paris." as SmolLM2 tokenizes it, and a tier put on that path.
+PIECES = ("The", " capital", " of", " France", " is", " Paris", ".")
+REFERENCE = (504, 3575, 282, 4649, 314, 7042, 30)
+
+
+def test_the_facts_tokens_are_found_among_the_pieces() -> None:
+    assert fact_span(PIECES, ("Paris",)) == range(5, 6)
+    assert fact_span(("A", " week", " is", " ", "7", " days"), ("7", "seven")) == range(4, 5)
+    assert fact_span(("Shake", "speare", " wrote"), ("shakespeare",)) == range(0, 2)
+    assert fact_span(PIECES, ("Tokyo",)) is None
+
+
+def test_a_fact_is_kept_when_the_tier_gives_its_tokens_on_the_references_path() -> None:
+    top1 = (504, 3575, 282, 4649, 314, 7042, 11)  # differs after the word: kept
+    assert fact_kept(PIECES, REFERENCE, top1, ("Paris",)) is True
+    wrong = (504, 3575, 282, 4649, 314, 418, 30)  # another word where Paris stands
+    assert fact_kept(PIECES, REFERENCE, wrong, ("Paris",)) is False
+    assert fact_kept((), REFERENCE, top1, ("Paris",)) is None  # no pieces: not judged
+
+
+def test_a_fact_is_lost_only_when_lost_both_in_the_answer_and_on_the_references_path() -> None:
+    reference = "The capital of France is Paris."
+    coin_toss = _fig(  # its greedy answer took the other first token; on the path: Paris
+        "chat",
+        0.95,
+        expect=("Paris",),
+        answer="L'Étoile, la Marseillaise",
+        reference_answer=reference,
+        fact_kept=True,
+    )
+    own_path = _fig(  # off the reference's path, yet its own answer names it
+        "chat",
+        0.95,
+        expect=("Paris",),
+        answer="Paris is the capital.",
+        reference_answer=reference,
+        fact_kept=False,
+    )
+    broken = _fig(
+        "chat",
+        0.95,
+        expect=("Paris",),
+        answer="L'Étoile, la Marseur",
+        reference_answer=reference,
+        fact_kept=False,
+    )
+    assert not coin_toss.factual_lost and not own_path.factual_lost and broken.factual_lost
+    verdict = judge("int8", "fp16", [coin_toss, own_path, _fig("chat", 0.95)], FLOORS)
+    assert verdict.passed

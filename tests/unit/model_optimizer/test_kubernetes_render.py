@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-from backends.spec import SpecError, VariantInfo, parse_spec
-from backends.vllm_args import TierLaunch, build_argv
+from backends.launch import TierLaunch
+from backends.spec import SpecError, parse_spec
+from backends.tier_plan import VariantInfo
+from backends.vllm_args import build_argv
 from gateway.config import GatewayConfig
 from model_optimizer.kubernetes.options import KubeOptions, OptionsError
 from model_optimizer.kubernetes.render import Sources, render
@@ -323,11 +325,17 @@ def test_a_scaled_tier_is_a_pool_behind_its_headless_service() -> None:
     assert fp16["spec"]["replicas"] == 1 and fp16["spec"]["strategy"] == {"type": "Recreate"}
     text = _one(objects, "ConfigMap", "gateway-config")["data"]["gateway.yaml"]
     tiers = {t["name"]: t for t in yaml.safe_load(text)["tiers"]}
-    assert tiers["int8"] == {"name": "int8", "dns": "http://tier-int8:8102", "max_model_len": 1024}
+    assert tiers["int8"] == {
+        "name": "int8",
+        "dns": "http://tier-int8:8102",
+        "max_model_len": 1024,
+        "engine": "vllm",
+    }
     assert tiers["fp16"] == {
         "name": "fp16",
         "base_url": "http://tier-fp16:8101",
         "max_model_len": 2048,
+        "engine": "vllm",
     }
     config = {t.name: t for t in GatewayConfig.model_validate(yaml.safe_load(text)).tiers}
     assert config["int8"].dns == "http://tier-int8:8102" and config["fp16"].dns is None

@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from backends.vllm_args import TierLaunch
-from model_optimizer.stack import UpOptions, gateway_config, tier_key
+from backends.launch import TierLaunch
+from model_optimizer.stack import gateway_config, tier_key
+from model_optimizer.tier_setup import UpOptions
 
 
 def test_each_run_gets_its_own_tier_key_unless_one_is_given() -> None:

@@ -189,3 +189,23 @@ def test_single_variant_recipe() -> None:
     assert list(single_variant_recipe(None, Recipe()).variants) == ["int8"]
     with pytest.raises(RecipeError, match=r"^--quantize: unknown precision 'int3'"):
         single_variant_recipe("int3", base)
+
+
+def test_the_gguf_section_has_defaults_and_rejects_a_repeated_candidate() -> None:
+    gguf = parse_recipe("variants: [fp16]\n").gguf
+    assert (gguf.fp16, gguf.int8, gguf.int4) == ("BF16", "Q8_0", ["Q4_0", "Q4_K_M"])
+    assert gguf.layer_overrides is None  # quantization's ignore and overrides apply
+    with pytest.raises(RecipeError, match=r"gguf.int4: .*names Q4_0 twice"):
+        parse_recipe("gguf: {int4: [Q4_0, Q4_0]}\n")
+    with pytest.raises(RecipeError, match=r"gguf\.int4"):
+        parse_recipe("gguf: {int4: [Q3_K]}\n")
+
+
+def test_each_format_hashes_only_the_parts_its_variants_depend_on() -> None:
+    base = parse_recipe("variants: [int4]\n")
+    other_gguf = parse_recipe("variants: [int4]\ngguf: {int4: [Q4_K_M]}\n")
+    other_calibration = parse_recipe("variants: [int4]\ncalibration: {seed: 7}\n")
+    assert recipe_hash(base) == recipe_hash(other_gguf)  # vLLM variants stay up to date
+    assert recipe_hash(base, "gguf") != recipe_hash(other_gguf, "gguf")
+    assert recipe_hash(base, "gguf") == recipe_hash(other_calibration, "gguf")
+    assert recipe_hash(base) != recipe_hash(other_calibration)

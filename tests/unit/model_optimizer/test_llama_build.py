@@ -1,0 +1,30 @@
+"""model_optimizer/llama_build.py's pure parts: what the machine lacks, progress, when to build."""
+
+from __future__ import annotations
+
+from model_optimizer.envs import wants_llama_cpp
+from model_optimizer.llama_build import EXPECTED_OBJECTS, missing_tools, progress
+
+
+def test_missing_tools_are_named() -> None:
+    assert missing_tools(lambda name: f"/usr/bin/{name}") == []
+    assert missing_tools(lambda name: None) == ["cmake", "a C++ compiler (g++ or clang++)"]
+    only_clang = {"cmake": "/usr/bin/cmake", "clang++": "/usr/bin/clang++"}
+    assert missing_tools(only_clang.get) == []
+
+
+def test_progress_is_shown_each_tenth_and_never_reaches_100() -> None:
+    tenth = -(-EXPECTED_OBJECTS // 10)  # files for 10 %
+    assert progress(1, 0) is None
+    assert progress(tenth, 0) == 10
+    assert progress(tenth + 1, 10) is None
+    assert progress(EXPECTED_OBJECTS * 2, 80) == 99  # more files than counted once: 99 %
+    assert progress(EXPECTED_OBJECTS * 2, 90) is None
+
+
+def test_llama_cpp_is_built_on_cpu_hosts_unless_an_install_is_named() -> None:
+    assert wants_llama_cpp([], gpu=False, environ={})
+    assert not wants_llama_cpp([], gpu=True, environ={})
+    assert wants_llama_cpp(["llama.cpp"], gpu=True, environ={})
+    assert not wants_llama_cpp(["gateway"], gpu=False, environ={})
+    assert not wants_llama_cpp([], gpu=False, environ={"MO_LLAMA_CPP": "/opt/llama.cpp"})
