@@ -38,6 +38,7 @@ class TierLaunch:
     kv_cache_dtype: str | None = None
     dtype: str | None = None  # vLLM's --dtype (None: the variant's own)
     cpu_threads: str | None = None  # cores, e.g. "0-1": vLLM's OMP binding, llama.cpp's mask
+    threads: int | None = None  # llama.cpp, unpinned: its threads (None: one; a pod's own cores)
     # --enable-sleep-mode, so a KV reset can sleep (level 1) and wake the tier; cuda only
     # (vLLM refuses the flag on CPU, where resets drop the prefix cache instead).
     sleep_mode: bool = False

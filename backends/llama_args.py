@@ -97,7 +97,7 @@ def build_argv(server: Path, launch: TierLaunch) -> list[str]:
         argv += ["--threads", str(len(used)), "--cpu-mask", cpu_mask(launch.cpu_threads)]
         argv += ["--cpu-strict", "1"]
     else:
-        argv += ["--threads", "1"]
+        argv += ["--threads", str(launch.threads or 1)]
     if launch.max_num_batched_tokens is not None:
         argv += ["--batch-size", str(launch.max_num_batched_tokens)]
     if "temperature" in launch.sampling:

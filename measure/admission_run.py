@@ -194,11 +194,9 @@ async def check_tiers(
             opts.concurrency,
         )
 
-    if any(opts.engines.get(n) == LLAMA_CPP for n in opts.tiers):
-        # llama.cpp tiers use every core each: one tier at a time, or they slow each other down
-        figures = [await figures_of(name) for name in others]
-    else:  # vLLM tiers on CPU keep to their own cores: all at once
-        figures = list(await asyncio.gather(*(figures_of(name) for name in others)))
+    # All at once: vLLM tiers on CPU keep to their own core, llama.cpp tiers run one thread
+    # each (backends/llama_args.py), so the tiers do not stall one another.
+    figures = list(await asyncio.gather(*(figures_of(name) for name in others)))
     verdicts = {
         name: judge(name, opts.reference, figs, opts.floors, opts.modes.get(name, "native"))
         for name, figs in zip(others, figures, strict=True)

@@ -26,11 +26,13 @@ import psutil
 from backends.process_tree import tree_pids, tree_rss_bytes
 
 VLLM_SERVER = "vllm.entrypoints.openai.api_server"
+LLAMA_SERVER = "llama-server"
 
 
 @dataclass(frozen=True)
 class Backend:
-    """One vLLM server: its tier name (the variant folder's name), port and pid."""
+    """One tier server (vLLM or llama-server): its tier name (the variant folder's name), port
+    and pid."""
 
     name: str
     port: int
@@ -45,9 +47,12 @@ class PeakMemory:
     peak_gpu_mib: float | None
 
 
-def vllm_server(cmdline: list[str]) -> tuple[str, int] | None:
-    """(tier name, port) when ``cmdline`` starts a vLLM OpenAI server, else ``None`` (pure)."""
-    if VLLM_SERVER not in cmdline or "--port" not in cmdline:
+def tier_server(cmdline: list[str]) -> tuple[str, int] | None:
+    """(tier name, port) when ``cmdline`` starts a vLLM OpenAI server or a llama-server, else
+    ``None`` (pure). The name is the variant folder's: vLLM's ``--model`` is the folder,
+    llama-server's the ``model.gguf`` in it."""
+    llama = bool(cmdline) and Path(cmdline[0]).name == LLAMA_SERVER
+    if not (llama or VLLM_SERVER in cmdline) or "--port" not in cmdline:
         return None
     try:
         port = int(cmdline[cmdline.index("--port") + 1])
@@ -55,7 +60,8 @@ def vllm_server(cmdline: list[str]) -> tuple[str, int] | None:
         return None
     name = f"port {port}"
     if "--model" in cmdline and cmdline.index("--model") + 1 < len(cmdline):
-        name = Path(cmdline[cmdline.index("--model") + 1]).name
+        model = Path(cmdline[cmdline.index("--model") + 1])
+        name = model.parent.name if llama else model.name
     return name, port
 
 
@@ -69,7 +75,7 @@ def backends_of(pid: int) -> list[Backend]:
     found = []
     for proc in candidates:
         with contextlib.suppress(psutil.Error):
-            server = vllm_server(proc.cmdline())
+            server = tier_server(proc.cmdline())
             if server is not None:
                 found.append(Backend(server[0], server[1], proc.pid))
                 if proc.pid == pid:

@@ -1,4 +1,5 @@
-"""What a benchmark points at: a gateway or one vLLM tier, on loopback, and its backends.
+"""What a benchmark points at: a gateway or one tier (vLLM or llama-server), on loopback, and
+its backends.
 
 ``resolve_targets`` checks the URL (loopback http only), asks it for its model id, tells a
 gateway (it answers ``/readyz``) from a tier (vLLM has no such route), and finds the vLLM
@@ -92,7 +93,7 @@ def resolve_targets(url: str, tiers: list[str]) -> tuple[str, list[Target]]:
         name = backends[0].name if len(backends) == 1 else f"tier:{port}"
         own = Target(name, base, "tier", backends)
         if tiers and tiers != [name]:
-            raise TargetError(f"--tier needs a gateway --target; {base} is a vLLM tier")
+            raise TargetError(f"--tier needs a gateway --target; {base} is a tier")
         return model, [own]
     if not tiers:
         return model, [own]

@@ -18,7 +18,7 @@ from backends.tier_plan import read_variants
 from backends.vllm_args import SOURCE_ROOT
 from gateway.policy.schema import PolicyError
 from gateway.policy.store import PolicyStore
-from model_optimizer.kubernetes.options import SHAPES, KubeOptions, OptionsError
+from model_optimizer.kubernetes.options import SHAPES, TIER_ENGINES, KubeOptions, OptionsError
 from model_optimizer.kubernetes.render import Sources, render
 from model_optimizer.kubernetes.tiers import GUARD_FILE, GUARD_PACKAGE
 from model_optimizer.kubernetes.write import (
@@ -46,8 +46,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     k8s.add_argument("--policy", default=str(DEFAULT_POLICY), help="routing policy for the map")
     k8s.add_argument("--namespace", default=DEFAULTS.namespace)
     k8s.add_argument("--image", default=DEFAULTS.image, help="gateway image (repo at /app)")
-    k8s.add_argument("--tier-image", default=DEFAULTS.tier_image, help="vLLM image")
+    k8s.add_argument(
+        "--tier-engine",
+        choices=TIER_ENGINES,
+        default=DEFAULTS.tier_engine,
+        help="vllm (GPU nodes) or llama.cpp (CPU nodes, GGUF variants)",
+    )
+    k8s.add_argument(
+        "--tier-image", default=DEFAULTS.tier_image, help="the tiers' image (default: the engine's)"
+    )
     k8s.add_argument("--engine", default=DEFAULTS.engine, help="the tier image's vLLM")
+    k8s.add_argument(
+        "--tier-cpus", type=int, default=DEFAULTS.tier_cpus, help="llama.cpp: cores a tier pod"
+    )
     k8s.add_argument("--gateway-replicas", type=int, default=DEFAULTS.gateway_replicas)
     k8s.add_argument("--max-gateway-replicas", type=int, default=DEFAULTS.max_gateway_replicas)
     k8s.add_argument("--shape", choices=SHAPES, default=DEFAULTS.shape)
@@ -72,8 +83,10 @@ def options_of(args: argparse.Namespace) -> KubeOptions:
     return KubeOptions(
         namespace=args.namespace,
         image=args.image,
+        tier_engine=args.tier_engine,
         tier_image=args.tier_image,
         engine=args.engine,
+        tier_cpus=args.tier_cpus,
         gateway_replicas=args.gateway_replicas,
         max_gateway_replicas=args.max_gateway_replicas,
         shape=args.shape,
@@ -97,7 +110,8 @@ def render_files(
     PolicyStore(policy, [t.name for t in spec.tiers]).load()  # the gateway's own checks
     policy_text = policy.read_text(encoding="utf-8")
     sources = Sources(policy_text=policy_text, guard_text=GUARD_SOURCE.read_text(encoding="utf-8"))
-    objects = render(spec, read_variants(spec, {"vllm": folder}), sources, options)
+    facts = read_variants(spec, {options.tier_engine: folder}, options.tier_engine)
+    objects = render(spec, facts, sources, options)
     return rendered_files(objects, secret_example(options.namespace, options.secret_name))
 
 

@@ -63,8 +63,9 @@ class BuildError(RuntimeError):
     """The build could not be done; one line naming the cause (and the log)."""
 
 
-def missing_tools(which: Callable[[str], str | None] = shutil.which) -> list[str]:
-    """What the build needs and this machine lacks (pure over ``which``)."""
+def missing_tools(which: Callable[[str], str | None] | None = None) -> list[str]:
+    """What the build needs and this machine lacks (pure over ``which``, shutil's by default)."""
+    which = which or shutil.which
     missing = [] if which("cmake") else ["cmake"]
     if not any(which(cxx) for cxx in ("c++", "g++", "clang++")):
         missing.append("a C++ compiler (g++ or clang++)")

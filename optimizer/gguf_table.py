@@ -46,6 +46,7 @@ class GGUFTable:
     version: int
     metadata: dict[str, object]  # scalar and string values only (arrays are skipped)
     tensors: tuple[TableEntry, ...]
+    data_start: int  # where the tensors' data begins (offsets count from here)
 
     def names(self) -> list[str]:
         return [t.name for t in self.tensors]
@@ -129,4 +130,7 @@ def read_table(path: Path, head_bytes: int = 64 << 20) -> GGUFTable:
             entries.append(TableEntry(name, shape, type_id, cursor.u64()))
     except struct.error:
         raise GGUFTableError(f"{path}: truncated GGUF header") from None
-    return GGUFTable(version, metadata, tuple(entries))
+    align = metadata.get("general.alignment", 32)
+    align = align if isinstance(align, int) and align > 0 else 32
+    start = -(-cursor.at // align) * align
+    return GGUFTable(version, metadata, tuple(entries), start)

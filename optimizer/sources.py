@@ -139,6 +139,11 @@ def convert_gguf(source: ModelSource, dest: Path) -> Path:
         )
         tmp.chmod(0o755)
         tmp.rename(dest)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if (dest / "config.json").is_file():  # another run converted it meanwhile: use that
+            return dest
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -86,10 +86,18 @@ def gateway_config(
 def _endpoint(launch: TierLaunch, replicas: int) -> TierEndpoint:
     address = f"{tier_service_name(launch.name)}:{launch.port}"
     if replicas > 1:  # base_url comes from the name (gateway/config.py)
-        pool = {"name": launch.name, "dns": address, "max_model_len": launch.max_model_len}
+        pool = {
+            "name": launch.name,
+            "dns": address,
+            "max_model_len": launch.max_model_len,
+            "engine": launch.engine,
+        }
         return TierEndpoint.model_validate(pool)
     return TierEndpoint(
-        name=launch.name, base_url=f"http://{address}", max_model_len=launch.max_model_len
+        name=launch.name,
+        base_url=f"http://{address}",
+        max_model_len=launch.max_model_len,
+        engine=launch.engine,
     )
 
 

@@ -6,6 +6,14 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+TierEngine = Literal["vllm", "llama.cpp"]
+TIER_ENGINES: tuple[TierEngine, ...] = ("vllm", "llama.cpp")
+# The engines' own server images: vLLM's OpenAI server; llama.cpp's llama-server (CPU build,
+# the program at /app/llama-server).
+TIER_IMAGES: dict[str, str] = {
+    "vllm": "vllm/vllm-openai:v0.32.0",
+    "llama.cpp": "ghcr.io/ggml-org/llama.cpp:server",
+}
 Shape = Literal["per-tier", "co-located"]
 SHAPES: tuple[Shape, ...] = ("per-tier", "co-located")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -22,8 +30,11 @@ class KubeOptions:
     from the gateway).
 
     ``image`` holds the repository at ``/app`` and the gateway environment's packages
-    (``requirements/gateway.txt``); ``tier_image`` is vLLM's, with the engine ``engine`` that
-    the variants must have been built for. ``redis_url`` None renders a Redis of its own.
+    (``requirements/gateway.txt``); ``tier_engine`` is what the tiers run: ``vllm`` (GPU nodes;
+    ``engine`` is the vLLM the variants must have been built for) or ``llama.cpp`` (CPU nodes,
+    GGUF variants, ``tier_cpus`` cores a tier pod, each its own llama-server threads);
+    ``tier_image`` the tiers' image ("" = the engine's own, ``TIER_IMAGES``). ``redis_url``
+    None renders a Redis of its own.
     ``shape``: ``per-tier`` is one Deployment per tier, each with its own ``nvidia.com/gpu``;
     ``co-located`` is the three tiers as containers of one pod sharing one GPU (claimed through
     dynamic resource allocation from ``gpu_device_class``), with the spec's memory fractions.
@@ -33,8 +44,10 @@ class KubeOptions:
 
     namespace: str = "model-optimizer"
     image: str = "model-optimizer:latest"
-    tier_image: str = "vllm/vllm-openai:v0.32.0"
+    tier_engine: TierEngine = "vllm"
+    tier_image: str = ""
     engine: str = "vllm==0.32.0"
+    tier_cpus: int = 2
     gateway_replicas: int = 2
     max_gateway_replicas: int = 6
     shape: Shape = "per-tier"
@@ -69,7 +82,24 @@ class KubeOptions:
             raise OptionsError(f"endpoint_picker_port: {self.endpoint_picker_port} is not a port")
         if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://")):
             raise OptionsError("redis_url: must start with redis:// or rediss://")
-        for option in ("image", "tier_image", "engine"):
+        for option in ("image", "engine"):
             value = getattr(self, option)
             if not value or any(c.isspace() for c in value):
                 raise OptionsError(f"{option}: must be a non-empty word, not {value!r}")
+        if any(c.isspace() for c in self.tier_image):
+            raise OptionsError(f"tier_image: must be one word, not {self.tier_image!r}")
+        if self.tier_engine not in TIER_ENGINES:
+            choices = ", ".join(TIER_ENGINES)
+            raise OptionsError(f"tier_engine: must be one of {choices}, not {self.tier_engine!r}")
+        if self.tier_cpus < 1:
+            raise OptionsError(f"tier_cpus: must be at least 1, not {self.tier_cpus}")
+        if self.inference_pools and self.tier_engine == "llama.cpp":
+            raise OptionsError(
+                "inference_pools: the endpoint picker reads vLLM's metrics (KV-cache usage), "
+                "which llama.cpp tiers do not export; render them without it"
+            )
+
+    @property
+    def tiers_image(self) -> str:
+        """The tiers' image: ``tier_image``, else the engine's own."""
+        return self.tier_image or TIER_IMAGES[self.tier_engine]

@@ -1,8 +1,10 @@
-"""The vLLM tiers as Kubernetes objects (pure): per-tier Deployments, or one co-located pod.
+"""The tiers as Kubernetes objects (pure): per-tier Deployments, or one co-located pod.
 
-Every tier's command line is ``backends.vllm_args.build_argv`` of the launch ``plan_tiers``
-makes for cuda (the very code ``up`` runs), with the variant folder where the pod mounts it and
-``0.0.0.0`` for a host (the NetworkPolicy, not loopback, keeps everyone but the gateway out).
+Every tier's command line is its engine's argv builder's (``backends.vllm_args.build_argv``
+for vLLM on GPU nodes, ``backends.llama_args.build_argv`` for llama.cpp on CPU nodes:
+model_optimizer/kubernetes/llama_tiers.py) of the launch ``plan_tiers`` makes (the very code
+``up`` runs), with the variant folder where the pod mounts it and ``0.0.0.0`` for a host (the
+NetworkPolicy, not loopback, keeps everyone but the gateway out).
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ import dataclasses
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from backends.launch import TierLaunch
+from backends.launch import LLAMA_CPP, TierLaunch
 from backends.spec import DeploymentSpec, spec_error
 from backends.tier_plan import VariantInfo, plan_tiers
 from backends.vllm_args import GUARD, GUARD_KEY_ENV, build_argv, build_env
+from model_optimizer.kubernetes.llama_tiers import llama_container, llama_launch, slots_volume
 from model_optimizer.kubernetes.objects import (
     GUARD_MAP,
     GUARD_ROOT,
@@ -50,9 +53,14 @@ GUARD_PACKAGE, GUARD_FILE = GUARD.rsplit(".", 2)[0], GUARD.rsplit(".", 2)[1] + "
 def tier_launches(
     spec: DeploymentSpec, variants: Mapping[str, VariantInfo], options: KubeOptions
 ) -> list[TierLaunch]:
-    """``plan_tiers`` on cuda against the tier image's engine; the variant folders as mounted.
-    A tier of more than one replica needs the per-tier shape (the co-located pod holds all)."""
-    launches = plan_tiers(spec, variants, "cuda", options.engine, 1)
+    """``plan_tiers`` for the tiers' engine (vLLM on cuda, llama.cpp on CPU nodes); the variant
+    folders as mounted. A tier of more than one replica needs the per-tier shape (the
+    co-located pod holds all)."""
+    llama = options.tier_engine == LLAMA_CPP
+    device, cores = ("cpu", max(options.tier_cpus, 1)) if llama else ("cuda", 1)
+    launches = plan_tiers(spec, variants, device, options.engine, cores, options.tier_engine)
+    if llama:
+        launches = [llama_launch(launch, options) for launch in launches]
     for i, tier in enumerate(spec.tiers):
         if tier.replicas > 1 and options.shape != "per-tier":
             message = f"{tier.replicas} replicas need --shape per-tier (one pod holds every tier)"
@@ -80,14 +88,19 @@ def tier_objects(
     NetworkPolicy, for the co-located shape the GPU's ResourceClaimTemplate, and for a tier of
     more than one replica a PodDisruptionBudget (one of its pods down at a time)."""
     ns = options.namespace
-    objects: list[Manifest] = [guard_map(guard_text, ns)]
+    llama = options.tier_engine == LLAMA_CPP
+    objects: list[Manifest] = [] if llama else [guard_map(guard_text, ns)]
     replicas: dict[str, int] = {tier.name: tier.replicas for tier in spec.tiers}
     if options.shape == "per-tier":
         for launch in launches:
             container = tier_container(spec, launch, options, port_name="http")
-            container["resources"] = {"requests": {GPU: 1}, "limits": {GPU: 1}}
+            if not llama:
+                container["resources"] = {"requests": {GPU: 1}, "limits": {GPU: 1}}
             deployment = _deployment(launch.name, [container], {}, guard_text, options)
             objects.append(_scaled(deployment, replicas[launch.name]))
+    elif llama:  # CPU tiers start in a second: no turns to take, no device to claim
+        containers = [tier_container(spec, t, options, port_name=t.name) for t in launches]
+        objects.append(_deployment(None, containers, {}, guard_text, options))
     else:
         objects.append(gpu_claim_template(options))
         containers = []
@@ -115,23 +128,13 @@ def tier_objects(
 def tier_container(
     spec: DeploymentSpec, launch: TierLaunch, options: KubeOptions, port_name: str
 ) -> Manifest:
-    """One vLLM server: the argv builder's command, ``build_env``'s environment (the guard's
-    package on PYTHONPATH), the tier key from the Secret, probes from the spec's restart policy."""
-    env = build_env(launch, {})
-    env["PYTHONPATH"] = GUARD_ROOT
+    """One tier server: the argv builder's command, its environment and key from the Secret
+    (vLLM: the guard's package on PYTHONPATH; llama.cpp: llama_tiers.py), probes from the spec's
+    restart policy."""
     restart = spec.restart
     health = launch.port
     return {
-        "name": launch.name,
-        "image": options.tier_image,
-        "command": tier_argv(launch),
-        "env": [
-            *({"name": key, "value": env[key]} for key in sorted(env)),
-            # The tier guard's key, and vLLM's own on /v1: the one key the gateway sends.
-            secret_env(GUARD_KEY_ENV, options.secret_name, TIER_KEY),
-            secret_env("VLLM_API_KEY", options.secret_name, TIER_KEY),
-        ],
-        "ports": [{"name": port_name, "containerPort": launch.port, "protocol": "TCP"}],
+        **_server(launch, options, port_name),
         "startupProbe": http_probe(
             "/health",
             health,
@@ -153,6 +156,25 @@ def tier_container(
             seconds(restart.health_timeout_s),
             restart.health_misses,
         ),
+    }
+
+
+def _server(launch: TierLaunch, options: KubeOptions, port_name: str) -> Manifest:
+    if launch.engine == LLAMA_CPP:
+        return llama_container(launch, options, port_name)
+    env = build_env(launch, {})
+    env["PYTHONPATH"] = GUARD_ROOT
+    return {
+        "name": launch.name,
+        "image": options.tiers_image,
+        "command": tier_argv(launch),
+        "env": [
+            *({"name": key, "value": env[key]} for key in sorted(env)),
+            # The tier guard's key, and vLLM's own on /v1: the one key the gateway sends.
+            secret_env(GUARD_KEY_ENV, options.secret_name, TIER_KEY),
+            secret_env("VLLM_API_KEY", options.secret_name, TIER_KEY),
+        ],
+        "ports": [{"name": port_name, "containerPort": launch.port, "protocol": "TCP"}],
         "volumeMounts": [
             {"name": VARIANTS_VOLUME, "mountPath": VARIANTS_MOUNT, "readOnly": True},
             {"name": GUARD_MAP, "mountPath": f"{GUARD_ROOT}/{GUARD_PACKAGE}", "readOnly": True},
@@ -223,6 +245,17 @@ def _deployment(
 ) -> Manifest:
     pod_labels = labels(TIER, tier)
     name = tier_service_name(tier) if tier is not None else CO_LOCATED
+    llama = options.tier_engine == LLAMA_CPP
+    volumes = (
+        [variants_volume(options.variants_claim), slots_volume()]
+        if llama
+        else [
+            variants_volume(options.variants_claim),
+            {"name": GUARD_MAP, "configMap": {"name": GUARD_MAP}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        ]
+    )
+    annotations = {} if llama else {"model-optimizer/tier-guard-sha256": checksum(guard_text)}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -233,19 +266,12 @@ def _deployment(
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": pod_labels},
             "template": {
-                "metadata": {
-                    "labels": pod_labels,
-                    "annotations": {"model-optimizer/tier-guard-sha256": checksum(guard_text)},
-                },
+                "metadata": {"labels": pod_labels, "annotations": annotations},
                 "spec": {
                     "automountServiceAccountToken": False,
                     "containers": containers,
                     **pod_extra,
-                    "volumes": [
-                        variants_volume(options.variants_claim),
-                        {"name": GUARD_MAP, "configMap": {"name": GUARD_MAP}},
-                        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
-                    ],
+                    "volumes": volumes,
                 },
             },
         },

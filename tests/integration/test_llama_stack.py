@@ -7,21 +7,37 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pytest
+import yaml
 from tokenizers import Tokenizer
 
+from backends.process import free_port
+from gateway.config import TierEndpoint
 from model_optimizer.soak import reset_now
 from tests.integration.conftest import (
     ADMIN,
     ADMIN_KEY,
     MODEL,
+    TIER_KEY,
     Stack,
     apply_policy,
+    gateway_config,
+    gateway_processes,
     route_chain,
+    start_stack,
     wait_tier_back,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration
@@ -218,6 +234,155 @@ def test_the_tier_key_is_required_and_the_gateway_sends_it(llama_stack: Stack) -
     url = llama_stack.tier_urls["int8"]
     body = {"model": MODEL, "messages": QUESTION, "max_tokens": 2}
     assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30).status_code == 401
-    key = {"Authorization": f"Bearer {os.environ.get('MO_TIER_API_KEY', 'integration-tier-key')}"}
+    key = {"Authorization": f"Bearer {TIER_KEY}"}
     answer = httpx.post(f"{url}/v1/chat/completions", json=body, headers=key, timeout=30)
     assert answer.status_code == 200, answer.text
+
+
+def test_a_gguf_that_does_not_load_stops_up_with_one_line_and_no_tier_left(
+    llama_stack: Stack, tmp_path: Path
+) -> None:
+    """``up`` on variants whose int8 file is cut short: llama-server exits at start; ``up``
+    says which tier and why in one line, exits 1, and the tier started before it is stopped."""
+    for tier in ("fp16", "int8"):
+        shutil.copytree(llama_stack.variants / tier, tmp_path / "variants" / tier)
+    broken = tmp_path / "variants" / "int8" / "model.gguf"
+    with broken.open("r+b") as fh:
+        fh.truncate(broken.stat().st_size // 3)
+    started = time.monotonic()
+    with pytest.raises(BaseException) as info:  # start_stack fails the test: caught here
+        start_stack(
+            tmp_path / "up.log",
+            ("fp16", "int8"),
+            ("--variants", str(tmp_path / "variants")),
+            engine="llama.cpp",
+        )
+    assert "exited with 1" in str(info.value)
+    assert time.monotonic() - started < 120
+    log = (tmp_path / "up.log").read_text()
+    errors = [line for line in log.splitlines() if line.startswith("model-optimizer: error:")]
+    assert len(errors) == 1 and "tier int8 exited during start" in errors[0], log[-2000:]
+    assert "up: stopping tiers" in log
+    leftovers = [
+        p.info["cmdline"]
+        for p in psutil.process_iter(["cmdline"])
+        if p.info["cmdline"] and str(tmp_path) in " ".join(p.info["cmdline"])
+    ]
+    assert leftovers == []
+
+
+def test_shadow_comparisons_run_against_the_llama_reference(
+    llama_stack: Stack, tmp_path: Path
+) -> None:
+    """A whole answer from int4 is compared with fp16's greedy copy off the path; the
+    per-tier signals llama.cpp has are exported, the ones it lacks are left out."""
+    from tests.integration.test_monitoring import chat, compared_so_far, read, value
+
+    policy = yaml.safe_load(llama_stack.policy.read_text())
+    policy["shadow"].update(fraction=1.0, max_concurrent=1, max_tokens=32)
+    policy["pinning"]["allow"] = True
+    (tmp_path / "routing.yaml").write_text(yaml.safe_dump(policy))
+    config = gateway_config(
+        llama_stack, policy_path=str(tmp_path / "routing.yaml"), metrics_interval=0.5
+    )
+    with gateway_processes(config, tmp_path, 1) as [(url, _)]:
+        chat(url, "Name three primary colors.", 32)
+        wait_until(lambda: compared_so_far(url) >= 1.0, 120)
+        values = read(url)
+        assert value(values, "gateway_shadow_agreement_count", tier="int4") == 1.0
+        total = value(values, "gateway_shadow_agreement_sum", tier="int4")
+        assert total is not None and 0.0 <= total <= 1.0
+        memory = value(values, "gateway_tier_memory_bytes", tier="int4")
+        assert memory is not None and memory > 50 * 2**20  # the model and its slots
+        # llama.cpp exports no KV-usage gauge: the gateway does not make one up
+        assert value(values, "gateway_tier_kv_usage_ratio", tier="int4") is None
+
+
+def _predicted(url: str) -> float:
+    """Tokens this llama-server generated (its own counter)."""
+    headers = {"Authorization": f"Bearer {TIER_KEY}"}
+    text = httpx.get(f"{url}/metrics", headers=headers, timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("llamacpp:tokens_predicted_total")
+    )
+
+
+def test_a_llama_cpp_tier_pool_serves_from_both_replicas(
+    llama_stack: Stack, tmp_path: Path
+) -> None:
+    """int4 as a pool of two llama-servers (the stack's and a replica started with its command
+    line): load through the gateway reaches both."""
+    original = llama_stack.tier_process("int4")
+    argv, env = original.cmdline(), original.environ()
+    port = free_port()
+    argv[argv.index("--port") + 1] = str(port)
+    argv[argv.index("--slot-save-path") + 1] = str(tmp_path / "slots")
+    (tmp_path / "slots").mkdir()
+    log = tmp_path / "replica.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    replica = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _healthy(replica, process, log), timeout=60)
+        policy = yaml.safe_load(llama_stack.policy.read_text())
+        policy["pinning"]["allow"] = True
+        policy["resets"]["enabled"] = False
+        (tmp_path / "routing.yaml").write_text(yaml.safe_dump(policy))
+        config = gateway_config(
+            llama_stack,
+            policy_path=str(tmp_path / "routing.yaml"),
+            redis_url="redis://127.0.0.1:6379/3",
+            redis_prefix=f"mo:test:{uuid.uuid4().hex[:8]}",
+            metrics_interval=0.5,
+        )
+        pool = [llama_stack.tier_urls["int4"], replica]
+        tiers = [
+            TierEndpoint.model_validate(
+                {
+                    "name": "int4",
+                    "endpoints": pool,
+                    "max_model_len": 2048,
+                    "api_key": TIER_KEY,
+                    "engine": "llama.cpp",
+                }
+            )
+            if tier.name == "int4"
+            else tier
+            for tier in config.tiers
+        ]
+        config = config.model_copy(update={"tiers": tiers})
+        before = {url: _predicted(url) for url in pool}
+        with gateway_processes(config, tmp_path, 1) as [(url, _)]:
+            body = {"model": MODEL, "messages": QUESTION, "max_tokens": 24, "ignore_eos": True}
+
+            def ask(_: int) -> tuple[int, str]:
+                answer = httpx.post(
+                    f"{url}/v1/chat/completions",
+                    json=body,
+                    headers={"x-route-tier": "int4"},
+                    timeout=120,
+                )
+                return answer.status_code, answer.headers.get("x-route-endpoint", "")
+
+            with ThreadPoolExecutor(4) as clients:
+                results = list(clients.map(ask, range(12)))
+        assert [status for status, _ in results] == [200] * 12, results
+        assert len({endpoint for _, endpoint in results}) == 2, results
+        served = {u: _predicted(u) - before[u] for u in pool}
+        assert all(tokens >= 24 for tokens in served.values()), served
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+
+def _healthy(url: str, process: subprocess.Popen[bytes], log: Path) -> bool:
+    assert process.poll() is None, log.read_text(errors="replace")[-2000:]
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -5,17 +5,17 @@ import importlib.util
 import os
 import time
 
-from measure.memory import Backend, PeakSampler, vllm_server
+from measure.memory import Backend, PeakSampler, tier_server
 
 SERVER = "vllm.entrypoints.openai.api_server"
 
 
-def test_vllm_server_reads_the_tier_from_the_command_line() -> None:
+def test_tier_server_reads_the_tier_from_the_command_line() -> None:
     cmd = ["python", "-m", SERVER, "--model", "/cache/variants/M.emulated/int8", "--port", "8102"]
-    assert vllm_server(cmd) == ("int8", 8102)
-    assert vllm_server(["python", "-m", SERVER, "--port", "9"]) == ("port 9", 9)
-    assert vllm_server(["python", "-m", "gateway", "--port", "8000"]) is None
-    assert vllm_server(["python", "-m", SERVER, "--port", "x"]) is None
+    assert tier_server(cmd) == ("int8", 8102)
+    assert tier_server(["python", "-m", SERVER, "--port", "9"]) == ("port 9", 9)
+    assert tier_server(["python", "-m", "gateway", "--port", "8000"]) is None
+    assert tier_server(["python", "-m", SERVER, "--port", "x"]) is None
 
 
 def test_sampler_keeps_the_peak_and_no_gpu_figure_without_nvml() -> None:
@@ -28,3 +28,9 @@ def test_sampler_keeps_the_peak_and_no_gpu_figure_without_nvml() -> None:
     assert peak.peak_rss_mib >= 64
     if importlib.util.find_spec("pynvml") is None:
         assert peak.peak_gpu_mib is None
+
+
+def test_a_llama_server_is_a_tier_named_by_its_variant_folder() -> None:
+    cmd = ["/c/engines/l/bin/llama-server", "--model", "/v/x-gguf/int4/model.gguf", "--port", "81"]
+    assert tier_server(cmd) == ("int4", 81)
+    assert tier_server(["/usr/bin/llama-cli", "--model", "m.gguf", "--port", "81"]) is None

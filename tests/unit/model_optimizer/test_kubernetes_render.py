@@ -404,3 +404,82 @@ def test_co_located_inference_pools_tell_the_tiers_apart_by_port() -> None:
         tier = pool["metadata"]["name"].removeprefix("tier-")
         [container] = [c for c in pod["spec"]["containers"] if c["name"] == tier]
         assert spec["targetPorts"] == [{"number": container["ports"][0]["containerPort"]}]
+
+
+# --------------------------------------------------------------------------- llama.cpp tiers
+
+
+def _gguf(name: str) -> VariantInfo:
+    info = _info(name)
+    return VariantInfo(
+        **{
+            **info.__dict__,
+            "framework": "llama.cpp==0c1e570",
+            "format": "gguf",
+            "sampling": {"temperature": 0.2, "top_p": 0.9},
+        }
+    )
+
+
+def _render_llama(**options: Any) -> list[Obj]:
+    spec = parse_spec(SPEC, "t.yaml")
+    variants = {t.name: _gguf(t.name) for t in spec.tiers}
+    return render(spec, variants, SOURCES, KubeOptions(tier_engine="llama.cpp", **options))
+
+
+def test_llama_cpp_tiers_run_llama_server_as_up_does_on_cpu_nodes() -> None:
+    from backends.llama_args import build_argv as llama_argv
+
+    objects = _render_llama(tier_cpus=4)
+    containers = _containers(objects)
+    int4 = containers["int4"]
+    assert int4["image"] == "ghcr.io/ggml-org/llama.cpp:server"
+    launch = TierLaunch(
+        name="int4",
+        model_dir=Path("/variants/int4"),
+        served_model_name="tiny-chat",
+        port=8103,
+        host="0.0.0.0",
+        engine="llama.cpp",
+        max_model_len=2048,
+        max_num_seqs=8,
+        max_num_batched_tokens=2048,
+        kv_cache_memory_bytes=415457280,
+        sampling={"temperature": 0.2, "top_p": 0.9},
+        threads=4,  # a pod of its own: its cores
+        slot_dir=Path("/slots"),
+    )
+    assert int4["command"] == llama_argv(Path("/app/llama-server"), launch)
+    assert int4["resources"] == {"requests": {"cpu": "4"}, "limits": {"cpu": "4"}}
+    key = [e for e in int4["env"] if e["name"] == "LLAMA_API_KEY"]
+    assert key and key[0]["valueFrom"]["secretKeyRef"]["name"] == "model-optimizer-keys"
+    assert int4["readinessProbe"]["httpGet"]["path"] == "/health"
+    # no tier guard to mount, no GPU to claim
+    assert not [o for o in objects if o["metadata"]["name"] == "tier-guard"]
+    assert "nvidia.com/gpu" not in str(objects)
+    text = _one(objects, "ConfigMap", "gateway-config")["data"]["gateway.yaml"]
+    tiers = {t["name"]: t for t in yaml.safe_load(text)["tiers"]}
+    assert {t["engine"] for t in tiers.values()} == {"llama.cpp"}
+
+
+def test_co_located_llama_tiers_share_a_pod_one_thread_each() -> None:
+    objects = _render_llama(shape="co-located")
+    [pod] = [p for p in _pods(objects) if "int4" in str(p["spec"]["containers"])]
+    containers = pod["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["fp16", "int8", "int4"]
+    for container in containers:
+        command = container["command"]
+        assert command[command.index("--threads") + 1] == "1"
+        assert "lifecycle" not in container  # nothing to take turns for
+    assert not _of(objects, "ResourceClaimTemplate")
+
+
+def test_llama_cpp_refuses_what_it_cannot_do() -> None:
+    with pytest.raises(OptionsError, match="endpoint picker reads vLLM's metrics"):
+        KubeOptions(tier_engine="llama.cpp", inference_pools=True)
+    with pytest.raises(OptionsError, match="tier_cpus"):
+        KubeOptions(tier_engine="llama.cpp", tier_cpus=0)
+    spec = parse_spec(SPEC, "t.yaml")
+    safetensors = {t.name: _info(t.name) for t in spec.tiers}
+    with pytest.raises(SpecError, match=r"llama\.cpp serves gguf variants"):
+        render(spec, safetensors, SOURCES, KubeOptions(tier_engine="llama.cpp"))

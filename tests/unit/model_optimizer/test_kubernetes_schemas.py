@@ -37,6 +37,7 @@ from tests.inference_pool_schema import INFERENCE_POOL_V1
 ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = ROOT / "deploy" / "kubernetes" / "manifests"
 FACTS = ROOT / "deploy" / "kubernetes" / "default-variants"
+FACTS_GGUF = ROOT / "deploy" / "kubernetes" / "default-variants-gguf"
 VERSIONS = ("1.34", "1.37")
 Obj = dict[str, Any]
 
@@ -170,6 +171,17 @@ def test_every_rendered_object_is_valid(rendering: str, version: str, tmp_path: 
     if rendering == "scaled":
         assert kinds.count("PodDisruptionBudget") == 3  # the gateway's, fp16's, int4's
     assert kinds.count("InferencePool") == (3 if rendering.startswith("inference-pools") else 0)
+    for name, obj in _objects(files):
+        assert problems(obj, version) == [], name
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("shape", ("per-tier", "co-located"))
+def test_llama_cpp_tiers_render_valid_objects(shape: str, version: str) -> None:
+    options = KubeOptions(tier_engine="llama.cpp", shape=shape)  # type: ignore[arg-type]
+    files = render_files(DEFAULT_SPEC, FACTS_GGUF, DEFAULT_POLICY, options)
+    kinds = [obj["kind"] for _, obj in _objects(files)]
+    assert "ResourceClaimTemplate" not in kinds
     for name, obj in _objects(files):
         assert problems(obj, version) == [], name
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from model_optimizer import llama_build
 from model_optimizer.envs import wants_llama_cpp
-from model_optimizer.llama_build import EXPECTED_OBJECTS, missing_tools, progress
+from model_optimizer.llama_build import EXPECTED_OBJECTS, BuildError, missing_tools, progress
 
 
 def test_missing_tools_are_named() -> None:
@@ -28,3 +33,17 @@ def test_llama_cpp_is_built_on_cpu_hosts_unless_an_install_is_named() -> None:
     assert wants_llama_cpp(["llama.cpp"], gpu=True, environ={})
     assert not wants_llama_cpp(["gateway"], gpu=False, environ={})
     assert not wants_llama_cpp([], gpu=False, environ={"MO_LLAMA_CPP": "/opt/llama.cpp"})
+
+
+def test_a_machine_without_a_compiler_gets_one_line_and_nothing_half_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MODEL_OPTIMIZER_CACHE", str(tmp_path))
+    monkeypatch.setattr(llama_build.shutil, "which", lambda name: None)
+    with pytest.raises(BuildError) as info:
+        llama_build.ensure_llama_cpp(lambda message: None)
+    message = str(info.value)
+    assert "needs cmake and a C++ compiler" in message and "MO_LLAMA_CPP" in message
+    assert "\n" not in message
+    engines = tmp_path / "engines"
+    assert [p.name for p in engines.iterdir()] == [".llama.cpp.lock"]  # no build folder

@@ -48,6 +48,7 @@ def test_the_table_and_scalar_metadata_are_read(tmp_path: Path) -> None:
     assert table.names() == ["token_embd.weight", "blk.0.attn_q.weight"]
     assert table.tensors[1].shape == (576, 576) and table.tensors[1].type_id == 2
     assert table.tensors[1].offset == 64
+    assert table.data_start % 32 == 0 and table.data_start >= len(path.read_bytes()) - 32
 
 
 def test_what_is_not_gguf_or_cut_short_is_one_line(tmp_path: Path) -> None:
