@@ -13,7 +13,13 @@ PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 cd "$ROOT"
-if [ "${1:-}" = up ]; then
+case " $* " in
+  *" -h "*|*" --help "*) help=1 ;;  # the CLI's help needs only the gateway environment
+  *) help=0 ;;
+esac
+if [ "$help" = 1 ]; then
+  "$PYTHON" -m model_optimizer.envs ensure gateway
+elif [ "${1:-}" = up ]; then
   # only what up serves with: llama.cpp on a CPU-only host, vLLM's environment on a GPU one
   # (up builds the other itself when the spec or --engine asks for it)
   "$PYTHON" -m model_optimizer.envs ensure --for-up

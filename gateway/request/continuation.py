@@ -20,6 +20,7 @@ short on one tier can go on from where it stopped on another:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,9 @@ from typing import Any
 from gateway.request.prompt_count import CHAT
 
 DONE = b"data: [DONE]\n\n"
-_BOUNDARIES = (b"\n\n", b"\r\n\r\n")
+_BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
+# An event ends at a blank line, in any of SSE's three line endings (the separator is kept).
+_BLOCKS = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
 # Request fields whose meaning does not survive a continuation: the grammar of structured
 # output starts again at the continuation's first token, echo would repeat the prompt.
 _STRUCTURED = (
@@ -50,7 +53,7 @@ def complete_events(data: bytes) -> tuple[bytes, bytes]:
 def event_data(events: bytes) -> list[bytes]:
     """The ``data:`` payloads of the complete events in ``events``, in order."""
     found = []
-    for line in events.replace(b"\r\n", b"\n").split(b"\n"):
+    for line in events.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n"):
         if line.startswith(b"data:"):
             found.append(line[5:].strip())
     return found
@@ -77,7 +80,8 @@ def split_error(events: bytes) -> tuple[bytes, TierError | None]:
     if b'"error":' not in events:  # in a JSON string a quote is escaped: only a key matches
         return events, None
     kept: list[bytes] = []
-    for block in events.split(b"\n\n"):
+    parts = _BLOCKS.split(events)  # block, separator, block, separator, ..., rest
+    for block, end in zip(parts[::2], [*parts[1::2], b""], strict=True):
         for data in event_data(block + b"\n\n"):
             try:
                 event = json.loads(data)
@@ -91,7 +95,7 @@ def split_error(events: bytes) -> tuple[bytes, TierError | None]:
                 raw = b"data: " + data + b"\n\n"
                 return b"".join(kept), TierError(str(message)[:200], status, raw)
         if block:
-            kept.append(block + b"\n\n")
+            kept.append(block + end)
     return events, None
 
 

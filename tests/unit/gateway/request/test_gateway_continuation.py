@@ -17,6 +17,7 @@ from gateway.request.continuation import (
     continuation_body,
     length_ending,
     read_sent,
+    split_error,
     unresumable,
     used_up,
 )
@@ -40,6 +41,20 @@ def test_complete_events_holds_back_what_follows_the_last_boundary() -> None:
     assert complete_events(b'data: a\n\ndata: {"x') == (b"data: a\n\n", b'data: {"x')
     assert complete_events(b'data: {"x') == (b"", b'data: {"x')
     assert complete_events(b"data: a\r\n\r\ndata: b") == (b"data: a\r\n\r\n", b"data: b")
+    assert complete_events(b"data: a\r\rdata: b") == (b"data: a\r\r", b"data: b")
+
+
+@pytest.mark.parametrize("end", [b"\n\n", b"\r\n\r\n", b"\r\r"])
+def test_split_error_keeps_every_event_before_the_error_in_any_framing(end: bytes) -> None:
+    line_end = end[: len(end) // 2]
+    content = chat_chunk("Paris").replace(b"\n\n", end)
+    error = b'data: {"error": {"message": "engine died", "code": 500}}' + end
+    done = b"data: [DONE]" + end
+    comment = b": keep-alive" + line_end + b"data: " + b'{"id": "c"}' + end
+    kept, found = split_error(content + comment + error + done)
+    assert kept == content + comment  # nothing before the error is lost, framing as sent
+    assert found is not None and found.message == "engine died" and found.status == 500
+    assert split_error(content + done) == (content + done, None)
 
 
 def test_read_sent_joins_the_text_and_keeps_the_answers_identity() -> None:
