@@ -12,7 +12,8 @@ Per policy it prints: requests/s and output tokens/s over its own busy time, p50
 and per class the token agreement of its answers with the reference tier's (the all-reference
 gateway's answer is the reference), plus the share of each tier.
 
-    ./mo up --port 18000 --tier-port 18100     # with MO_GATEWAY_ADMIN_KEYS=bench-admin
+    ./mo up --port 18000 --tier-port 18100  # with MO_GATEWAY_ADMIN_KEYS=bench-admin and
+    #                                         MO_TIER_API_KEY set (llama.cpp tiers: --tokenizer-dir)
     python benchmarks/bench_routes.py --gateway http://127.0.0.1:18000 --admin-key bench-admin
 """
 
@@ -34,11 +35,13 @@ from typing import Any
 
 import httpx
 import yaml
+from tokenizers import Tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backends.process import free_port  # noqa: E402
+from gateway.config import TIER_KEY_ENV  # noqa: E402
 from measure import vllm_client as api  # noqa: E402
 from measure.eval_data import load_labeled  # noqa: E402
 from measure.quality import sequence_agreement  # noqa: E402
@@ -64,6 +67,20 @@ def variant_policies(reference: str) -> dict[str, str]:
     everything = json.loads(json.dumps(shipped))
     everything["routes"] = {cls: [reference] for cls in shipped["routes"]}
     return {"static": yaml.safe_dump(static), "all-reference": yaml.safe_dump(everything)}
+
+
+def _tokenizer_dir(tiers: dict[str, Any]) -> str | None:
+    """The model folder a tier names in ``/v1/models`` (vLLM's ``root``; llama-server names
+    none), asked with the tiers' key (``MO_TIER_API_KEY``, which the extra gateways inherit)."""
+    key = os.environ.get(TIER_KEY_ENV, "").strip()
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    for tier in tiers.values():
+        answer = httpx.get(f"{tier['base_url']}/v1/models", headers=headers, timeout=10)
+        data = answer.json().get("data") if answer.status_code == 200 else None
+        root = data[0].get("root") if data else None
+        if isinstance(root, str) and Path(root).is_dir():
+            return root
+    return None
 
 
 @contextmanager
@@ -125,9 +142,16 @@ def gateways(
 
 
 async def replay(
-    targets: dict[str, str], prompts: list[Any], model: str, max_tokens: int, concurrency: int
+    targets: dict[str, str],
+    prompts: list[Any],
+    model: str,
+    max_tokens: int,
+    concurrency: int,
+    tokenizer: Tokenizer,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Every prompt through every target, interleaved; per target its answers in file order."""
+    """Every prompt through every target, interleaved; per target its answers in file order.
+    An answer's tokens are the ids vLLM returns, or its text tokenized (llama-server returns
+    no ids)."""
     out: dict[str, list[dict[str, Any]]] = {name: [{}] * len(prompts) for name in targets}
     busy: dict[str, float] = defaultdict(float)
     gate = asyncio.Semaphore(concurrency)
@@ -149,7 +173,8 @@ async def replay(
             out[name][i] = {
                 "seconds": seconds,
                 "tier": answer.headers.get("x-route-tier", ""),
-                "ids": answer.token_ids,
+                "ids": answer.token_ids
+                or tuple(tokenizer.encode(answer.text, add_special_tokens=False).ids),
                 "tokens": answer.completion_tokens,
             }
 
@@ -216,6 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--output", default=None, help="write the JSON here")
+    parser.add_argument(
+        "--tokenizer-dir",
+        default=None,
+        help="a variant folder with the tokenizer (default: what a vLLM tier's /v1/models names)",
+    )
     args = parser.parse_args(argv)
     if not args.admin_key:
         print("bench_routes: --admin-key (or MO_GATEWAY_ADMIN_KEYS) is needed", file=sys.stderr)
@@ -225,17 +255,21 @@ def main(argv: list[str] | None = None) -> int:
     derived = _admin(args.gateway, "/admin/policy", key)
     prompts = load_labeled(Path(args.prompts))[: args.limit]
     model = httpx.get(f"{args.gateway}/v1/models", timeout=10).json()["data"][0]["id"]
-    tokenizer = next(t for t in tiers)  # for the config only: the variants share it
-    tokenizer_dir = str(
-        Path(httpx.get(f"{tiers[tokenizer]['base_url']}/v1/models").json()["data"][0]["root"])
-    )
+    tokenizer_dir = args.tokenizer_dir or _tokenizer_dir(tiers)
+    if tokenizer_dir is None:
+        print("bench_routes: the tiers do not name their model folder: give --tokenizer-dir",
+              file=sys.stderr)  # fmt: skip
+        return 2
     with (
         tempfile.TemporaryDirectory() as tmp,
         gateways(tiers, model, tokenizer_dir, Path(tmp)) as urls,
     ):
         targets = {"derived": args.gateway, **urls}
         started = time.perf_counter()
-        answers = asyncio.run(replay(targets, prompts, model, args.max_tokens, args.concurrency))
+        tokenizer = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+        answers = asyncio.run(
+            replay(targets, prompts, model, args.max_tokens, args.concurrency, tokenizer)
+        )
         wall = time.perf_counter() - started
     table = summarize(answers, prompts, "all-reference")
     print(f"bench_routes: {len(prompts)} prompts x {len(targets)} policies in {wall:.0f}s")
