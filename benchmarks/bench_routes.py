@@ -265,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         gateways(tiers, model, tokenizer_dir, Path(tmp)) as urls,
     ):
         targets = {"derived": args.gateway, **urls}
-        started = time.perf_counter()
         tokenizer = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+        started = time.perf_counter()
         answers = asyncio.run(
             replay(targets, prompts, model, args.max_tokens, args.concurrency, tokenizer)
         )

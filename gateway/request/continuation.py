@@ -28,9 +28,9 @@ from typing import Any
 from gateway.request.prompt_count import CHAT
 
 DONE = b"data: [DONE]\n\n"
+# An event ends at a blank line, in any of SSE's three line endings (no one is part of another).
 _BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
-# An event ends at a blank line, in any of SSE's three line endings (the separator is kept).
-_BLOCKS = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
+_BOUNDARY = re.compile(b"(" + b"|".join(re.escape(mark) for mark in _BOUNDARIES) + b")")
 # Request fields whose meaning does not survive a continuation: the grammar of structured
 # output starts again at the continuation's first token, echo would repeat the prompt.
 _STRUCTURED = (
@@ -48,6 +48,13 @@ def complete_events(data: bytes) -> tuple[bytes, bytes]:
         return data, b""
     cut = max(data.rfind(mark) + len(mark) if mark in data else 0 for mark in _BOUNDARIES)
     return data[:cut], data[cut:]
+
+
+def split_events(block: bytes) -> list[tuple[bytes, bytes]]:
+    """``block``'s events, each with the blank line that ended it, as sent (the last, when
+    unended, with ``b""``)."""
+    pieces = _BOUNDARY.split(block)  # event, its boundary, event, its boundary, ..., the rest
+    return list(zip(pieces[::2], [*pieces[1::2], b""], strict=True))
 
 
 def event_data(events: bytes) -> list[bytes]:
@@ -80,8 +87,7 @@ def split_error(events: bytes) -> tuple[bytes, TierError | None]:
     if b'"error":' not in events:  # in a JSON string a quote is escaped: only a key matches
         return events, None
     kept: list[bytes] = []
-    parts = _BLOCKS.split(events)  # block, separator, block, separator, ..., rest
-    for block, end in zip(parts[::2], [*parts[1::2], b""], strict=True):
+    for block, end in split_events(events):
         for data in event_data(block + b"\n\n"):
             try:
                 event = json.loads(data)

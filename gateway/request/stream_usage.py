@@ -17,13 +17,13 @@ none.
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from typing import Any
 
+from gateway.request.continuation import split_events
+
 USAGE_OPTIONS = {"include_usage": True}
-_BOUNDARY = re.compile(rb"(\r\n\r\n|\n\n)")
 
 
 def asking_usage(body: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -42,17 +42,11 @@ def is_usage_event(event: bytes) -> bool:
 
 
 def drop_usage_events(block: bytes) -> bytes:
-    """``block`` (SSE events, each ended by a blank line, ``\\n\\n`` or ``\\r\\n\\r\\n``; the
-    last may be unended) without its usage events, the other events as they were."""
+    """``block`` (SSE events, each ended by a blank line in any framing; the last may be
+    unended) without its usage events, the other events as they were."""
     if b'"usage"' not in block:
         return block
-    pieces = _BOUNDARY.split(block)  # event, its boundary, event, its boundary, ..., the rest
-    kept = [
-        pieces[i] + (pieces[i + 1] if i + 1 < len(pieces) else b"")
-        for i in range(0, len(pieces), 2)
-        if not is_usage_event(pieces[i])
-    ]
-    return b"".join(kept)
+    return b"".join(event + end for event, end in split_events(block) if not is_usage_event(event))
 
 
 async def without_usage(blocks: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:

@@ -48,6 +48,7 @@ def test_usage_events_are_told_from_the_others() -> None:
         (CHOICE + b"\n\n" + USAGE + b"\n\n" + DONE + b"\n\n", CHOICE + b"\n\n" + DONE + b"\n\n"),
         (USAGE + b"\n\n" + DONE + b"\n\n", DONE + b"\n\n"),
         (CHOICE + b"\r\n\r\n" + USAGE + b"\r\n\r\n" + DONE, CHOICE + b"\r\n\r\n" + DONE),
+        (CHOICE + b"\r\r" + USAGE + b"\r\r" + DONE + b"\r\r", CHOICE + b"\r\r" + DONE + b"\r\r"),
         (CHOICE + b"\n\n" + USAGE, CHOICE + b"\n\n"),  # an unended last event
     ],
 )
