@@ -33,7 +33,7 @@ from backends.launch import TierLaunch
 
 GGUF_FILE = "model.gguf"  # what the optimizer writes in a GGUF variant folder
 KEY_ENV = "LLAMA_API_KEY"
-DRAFT_TOKENS = 4  # --spec-draft-n-max: tokens drafted per step (benchmarks/bench_llama.py)
+DRAFT_TOKENS = 4  # --spec-draft-n-max: tokens drafted per step (benchmarks/bench_engines.py)
 # Environment a llama-server never inherits: the gateway's own keys, llama.cpp's settings that
 # would override the flags below (LLAMA_ARG_*; LLAMA_API_KEY is set from the launch), and
 # OpenMP's (OMP_WAIT_POLICY=PASSIVE, which the test runner sets for torch, makes llama.cpp's

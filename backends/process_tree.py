@@ -4,7 +4,7 @@ A tier is a tree of processes (vLLM's API server and its engine core, workers un
 its memory is the RSS of the root and every descendant, pages shared between them counted in
 each. This module is the one implementation, used by
 
-- the gateway's per-tier memory signals (gateway/tier_memory.py, once per scrape),
+- the gateway's per-tier memory signals (gateway/control/tier_memory.py, once per scrape),
 - ``model-optimizer bench``'s peak sampler (measure/memory.py),
 - the benchmark scripts (benchmarks/bench_tiers.py).
 

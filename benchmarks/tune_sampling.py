@@ -16,7 +16,7 @@ model card's 0.2).
 
     ./mo up --tier-port 18100                  # in another terminal
     $(python3 -m model_optimizer.envs path gateway)/bin/python benchmarks/tune_sampling.py \
-        --tier-base http://127.0.0.1:18100 --json benchmarks/results/sampling-tuning.json
+        --tier-base http://127.0.0.1:18100 --json benchmarks/results/sampling-tuning-avx2.json
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ def add_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     train = sub.add_parser("train", help="train the prompt model and write its weights file")
     train.add_argument("--data", default=None, help="training JSONL (classifier/data/train.jsonl)")
     train.add_argument(
-        "--output", default=None, help="weights file (classifier/weights/prompt-model-vN.json)"
+        "--output", default=None, help="weights file (classifier/weights/prompt-model-v<N>.json)"
     )
     train.add_argument("--version", type=int, default=3, help="the weights' version number (3)")
     ev = sub.add_parser("evaluate", help="accuracy, precision/recall, confusion on labeled files")

