@@ -8,6 +8,12 @@ Every problem is one line, ``<file>:<line>: <dotted.field>: <message>``; the lin
 walking the YAML node tree along the field's path (the nearest enclosing key when the field
 itself is absent). A file that cannot be read is ``<file>: cannot read <what>: <reason>``.
 Standard library + pydantic + pyyaml only, so it imports in every environment.
+
+Bounded work, whoever edits the file (a policy is reloaded while the gateway serves): a file
+is at most ``MAX_BYTES`` (1 MiB, a Kubernetes ConfigMap's own limit), read no further than
+that; YAML aliases (``*name``, and so ``<<: *name`` merges) are refused where the parser meets
+them, so the node tree is a tree, parsed once, and every walk over it is linear in the file (a
+~400-byte file of nested aliases expanded to millions of nodes: seconds to minutes).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 Loc = tuple[str | int, ...]
 ModelT = TypeVar("ModelT", bound=BaseModel)
 ErrorT = TypeVar("ErrorT", bound="OperatorYamlError")
+MAX_BYTES = 1 << 20  # an operator file's bound, in bytes (and in characters for text)
 
 
 class OperatorYamlError(ValueError):
@@ -76,23 +83,39 @@ def parse_model(
 def read_text(path: Path, what: str, error: type[OperatorYamlError]) -> str:
     """The file's text; ``error("<path>: cannot read <what>: <reason>")`` when it cannot be."""
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise error(f"{path}: cannot read {what}: {reason}") from None
+        return read_bytes(path, what, error).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: cannot read {what}: {exc}") from None
+
+
+def read_bytes(path: Path, what: str, error: type[OperatorYamlError]) -> bytes:
+    """The file's bytes, at most ``MAX_BYTES`` of them (a bigger file is an error, read no
+    further); ``error("<path>: cannot read <what>: <reason>")`` when it cannot be read."""
+    try:
+        with path.open("rb") as file:
+            data = file.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    if len(data) > MAX_BYTES:
+        raise error(f"{path}: cannot read {what}: {_too_big('bytes')}")
+    return data
 
 
 def compose_yaml(
     text: str, source: str, error: type[OperatorYamlError]
 ) -> tuple[yaml.Node | None, Any]:
-    """Parse YAML into its node tree (for error lines) and its data.
+    """Parse YAML into its node tree (for error lines) and its data, in one pass.
 
-    Syntax errors, duplicate keys and nesting too deep for PyYAML's recursive composer raise
-    ``error`` with one line: ``source:line: ...``.
+    Syntax errors, aliases, duplicate keys, a text over ``MAX_BYTES`` characters and nesting
+    too deep for PyYAML's recursive composer raise ``error`` with one line:
+    ``source:line: ...``.
     """
+    if len(text) > MAX_BYTES:
+        raise error(f"{source}:1: {_too_big('characters')}")
+    loader = _NoAliasLoader(text)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
         if root is not None:
             _reject_duplicate_keys(root, (), source, error)
     except RecursionError:
@@ -104,7 +127,29 @@ def compose_yaml(
         raise error(f"{source}:{line}: invalid YAML: {problem}") from None
     except yaml.YAMLError as exc:
         raise error(f"{source}:1: invalid YAML: {' '.join(str(exc).split())}") from None
+    finally:
+        loader.dispose()
     return root, data
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses an alias where it meets one (before any expansion)."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"alias *{event.anchor}: YAML aliases are not allowed in operator files"
+                " (write the value out)",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)
+
+
+def _too_big(unit: str) -> str:
+    return f"larger than {MAX_BYTES:,} {unit} (the bound on an operator file)"
 
 
 def validate(

@@ -2,7 +2,8 @@
 
 - ``GET /admin/policy``: the serving policy, its digest and load time, and the last rejected
   edit's error (a bad edit never replaces a good policy).
-- ``POST /admin/policy/reload``: read the policy file now; answers the outcome.
+- ``POST /admin/policy/reload``: read the policy file now (off the event loop); answers the
+  outcome.
 - ``GET /admin/tiers``: each tier's state, last scrape, load and in-flight count (all replicas).
 - ``GET /admin/resets``: the reset schedule, the leader, the reset under way and the history.
 - ``POST /admin/resets/{tier}``: reset a tier now (queued for the leading replica; the safety
@@ -37,7 +38,7 @@ async def policy_status(request: Request) -> Response:
 
 async def policy_reload(request: Request) -> Response:
     store = _store(request)
-    outcome = store.reload()
+    outcome = await store.reload_in_thread()
     get_runtime(request).metrics.policy_reload(outcome)
     return JSONResponse({"outcome": outcome, **store.status()})
 

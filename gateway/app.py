@@ -247,7 +247,8 @@ async def scrape_all(runtime: Runtime) -> None:
     await scrape_pools(
         runtime.upstream, board, board.tiers, config.model_name, config.connect_timeout
     )
-    await apply_shared_marks(runtime.board, SharedRecords(runtime.shared))
+    policy = runtime.policies.active.policy
+    await apply_shared_marks(runtime.board, SharedRecords(runtime.shared), policy)
     await runtime.memory.sample()
     states = {name: status.state for name, status in runtime.board.statuses().items()}
     for name, state in states.items():

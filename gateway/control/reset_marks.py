@@ -9,6 +9,15 @@ whole tier, ``{"endpoints": {tier: {url: state}}, "token": n}`` for one endpoint
 (gateway/control/pool_resets.py). Values read back are validated: anything that is not a mark
 is dropped, never an exception (Redis is shared with other replicas and operators).
 
+A replica follows only marks a leader could have written (``marks_refusal``): the value must
+expire, within ``MAX_TTL_FACTOR`` x the policy's ``resets.lock_ttl_seconds`` (a leader writes
+exactly that lease), and must leave every class that has a ready tier without them a ready tier
+that serves it (the leader checks as much before it marks). Anything else, a ``SET`` without an
+expiry by anyone who can reach that Redis included, is refused: routing goes on as if no tier
+were marked, with one warning line per refused value. A leader's own marks meet the same rule
+when read back, so if tiers go down during a reset until the marked one is a class's last, every
+replica routes to it again rather than answer 503s.
+
 Order is the whole contract. The publisher writes the leader's own latest value, one write at a
 time, and writes it again on every renewal: a write that Redis missed (a timeout on a loaded
 machine sends that replica's shared state local for a while) is repaired at the next renewal,
@@ -22,17 +31,22 @@ scrape after the renewal).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 
 import anyio
 
 from backends.tier_state import TierState
-from gateway.control.tier_status import TierBoard
+from gateway.control.tier_status import EndpointMarks, Marks, TierBoard
+from gateway.policy.schema import CLASS_NAMES, RoutingPolicy
 from gateway.shared.records import SharedRecords
 
 MARKS = "reset:marks"
+MAX_TTL_FACTOR = 2.0  # a marks value may expire at most this many leases from now
 ENDPOINTS = "endpoints"  # the key of endpoint marks in the marks value
 _STATES = {state.value: state for state in TierState}  # a mark's JSON value -> its state
+
+logger = logging.getLogger(__name__)
 
 
 def json_object(raw: str) -> dict[str, object] | None:
@@ -86,14 +100,73 @@ def apply_endpoint_marks(board: TierBoard, marks: Mapping[tuple[str, str], TierS
             board.set_endpoint_state(name, url, marks.get((name, url)))
 
 
-async def apply_shared_marks(board: TierBoard, records: SharedRecords) -> None:
+async def apply_shared_marks(
+    board: TierBoard, records: SharedRecords, policy: RoutingPolicy
+) -> None:
     """Make this replica's board follow the leader's marks (called after each scrape); a read
     overtaken by a mark set directly on the board meanwhile is dropped (the next scrape reads
-    again)."""
+    again); a value ``marks_refusal`` refuses is taken for no marks."""
     version = board.marks_version
-    raw = await records.get(MARKS)
-    if board.marks_version == version:
-        apply_marks(board, raw)
+    raw, seconds_left = await records.get_leased(MARKS)
+    if board.marks_version != version:
+        return
+    refusal = marks_refusal(board, raw, seconds_left, policy)
+    refused = f"{refusal}: {raw}" if refusal is not None else None
+    if refused is not None and refused != board.marks_refused:  # one line per value and reason
+        logger.warning(
+            "shared reset marks %.200r refused (%s): routing as if no tier were marked",
+            raw,
+            refusal,
+        )
+    board.marks_refused = refused
+    apply_marks(board, None if refusal is not None else raw)
+
+
+def marks_refusal(
+    board: TierBoard, raw: str | None, seconds_left: float | None, policy: RoutingPolicy
+) -> str | None:
+    """Why the shared marks value ``raw``, with ``seconds_left`` before it expires (``None``:
+    never), is not to be followed; ``None`` when it is (a value that marks nothing always is)."""
+    marks, endpoint_marks = parse_marks(raw), parse_endpoint_marks(raw)
+    if not marks and not endpoint_marks:
+        return None
+    lease = policy.resets.lock_ttl_seconds
+    if seconds_left is None:
+        return "it has no expiry; a leader's marks expire after resets.lock_ttl_seconds"
+    if seconds_left > MAX_TTL_FACTOR * lease:
+        return (
+            f"it expires in more than {MAX_TTL_FACTOR:g} x resets.lock_ttl_seconds"
+            f" ({MAX_TTL_FACTOR * lease:g} s)"
+        )
+    stranded = stranded_class(board, marks, endpoint_marks, policy)
+    if stranded is not None:
+        return f"it leaves class {stranded} no ready tier"
+    return None
+
+
+def stranded_class(
+    board: TierBoard, marks: Marks, endpoint_marks: EndpointMarks, policy: RoutingPolicy
+) -> str | None:
+    """The first class that has a ready tier serving it without any mark and none under
+    ``marks`` and ``endpoint_marks``; ``None`` when there is none."""
+    unmarked, marked = board.states_under({}, {}), board.states_under(marks, endpoint_marks)
+    for cls in CLASS_NAMES:
+        route = policy.routes.for_class(cls)
+        if route is None:
+            continue
+        serving = [t for t in route.tiers if _admits(board, t, cls)]
+        if any(unmarked.get(t) == TierState.READY for t in serving) and not any(
+            marked.get(t) == TierState.READY for t in serving
+        ):
+            return cls
+    return None
+
+
+def _admits(board: TierBoard, tier: str, cls: str) -> bool:
+    if tier not in board.tiers:
+        return False
+    classes = board.classes(tier)
+    return classes is None or cls in classes
 
 
 def apply_marks(board: TierBoard, raw: str | None) -> None:

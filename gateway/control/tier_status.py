@@ -47,6 +47,8 @@ from gateway.request.upstream import Upstream, aclose_quietly
 
 # Each tier's state as its supervisor sees it (backends/supervisor.py ``Supervisor.states``).
 SupervisorStates = Callable[[], Mapping[str, TierState]]
+Marks = Mapping[str, TierState]  # a reset's marks of whole tiers
+EndpointMarks = Mapping[tuple[str, str], TierState]  # and of endpoints: (tier, url) -> state
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ class TierBoard:
         # Counts mark changes: a read of the shared marks that began before a change is older
         # than the board (gateway/control/reset_marks.py drops it).
         self.marks_version = 0
+        self.marks_refused: str | None = None  # why and which shared marks were refused last
         self._endpoints: dict[tuple[str, str], TierEndpoint] = {}  # endpoint()'s, made once
         self.guard = LiveGuard()  # classes shadow comparisons withheld from a tier
 
@@ -146,25 +149,39 @@ class TierBoard:
     def endpoint_state(self, name: str, url: str) -> TierState:
         """A tier mark wins, then the endpoint's mark, then a supervisor state other than
         ready, then the endpoint's last scrape (never scraped: ready)."""
-        if name in self._marks:
-            return self._marks[name]
-        if (name, url) in self._endpoint_marks:
-            return self._endpoint_marks[(name, url)]
+        return self._endpoint_state(name, url, self._marks, self._endpoint_marks)
+
+    def state(self, name: str) -> TierState:
+        """Ready when any endpoint is; else the first endpoint's state (down: no endpoint)."""
+        return self._state(name, self._marks, self._endpoint_marks)
+
+    def states_under(self, marks: Marks, endpoint_marks: EndpointMarks) -> dict[str, TierState]:
+        """Each tier's state were the board's marks exactly these (the board is left alone)."""
+        return {name: self._state(name, marks, endpoint_marks) for name in self.tiers}
+
+    def _state(self, name: str, marks: Marks, endpoint_marks: EndpointMarks) -> TierState:
+        if name in marks:
+            return marks[name]
+        states = [
+            self._endpoint_state(name, url, marks, endpoint_marks) for url in self._pools[name]
+        ]
+        if TierState.READY in states:
+            return TierState.READY
+        return states[0] if states else TierState.DOWN
+
+    def _endpoint_state(
+        self, name: str, url: str, marks: Marks, endpoint_marks: EndpointMarks
+    ) -> TierState:
+        if name in marks:
+            return marks[name]
+        if (name, url) in endpoint_marks:
+            return endpoint_marks[(name, url)]
         if self._supervisor_states is not None:
             supervised = self._supervisor_states().get(name, TierState.DOWN)
             if supervised != TierState.READY:
                 return supervised
         scrape = self._scrapes.get((name, url))
         return TierState.READY if scrape is None or scrape.healthy else TierState.DOWN
-
-    def state(self, name: str) -> TierState:
-        """Ready when any endpoint is; else the first endpoint's state (down: no endpoint)."""
-        if name in self._marks:
-            return self._marks[name]
-        states = [self.endpoint_state(name, url) for url in self._pools[name]]
-        if TierState.READY in states:
-            return TierState.READY
-        return states[0] if states else TierState.DOWN
 
     def endpoint_statuses(self, name: str) -> list[EndpointStatus]:
         """Each endpoint of tier ``name`` with its state and last scraped load."""
@@ -216,12 +233,13 @@ class TierBoard:
                 requests_waiting=best.requests_waiting if best else 0.0,
                 kv_usage=best.kv_usage if best else 0.0,
                 max_model_len=tier.max_model_len,
-                classes=self._classes(name),
+                classes=self.classes(name),
             )
         return out
 
-    def _classes(self, name: str) -> frozenset[str] | None:
-        """What the admission check admitted, less what the live guard withholds."""
+    def classes(self, name: str) -> frozenset[str] | None:
+        """The classes tier ``name`` may serve (``None``: all): what the admission check
+        admitted, less what the live guard withholds."""
         admitted = self.tiers[name].classes
         withheld = self.guard.classes_withheld(name)
         if not withheld:

@@ -15,6 +15,11 @@
   file and the problem.
   ``"unchanged"``: the bytes are those being served; nothing to do, except that an error left
   by a bad edit is cleared (the file on disk is again what serves).
+- ``reload_in_thread()`` is ``reload()`` with the reading, parsing and compiling in a worker
+  thread, so the event loop serves on meanwhile; only the outcome is settled on the loop.
+  The watch and ``POST /admin/policy/reload`` use it. The file is read no further than
+  ``common.operator_yaml.MAX_BYTES`` (1 MiB) and YAML aliases are refused: a bigger file or
+  an alias is a rejected edit, so the work is bounded whatever the file holds.
 - ``watch()`` watches the file's parent directory (editors and ConfigMap updates replace files
   by rename or symlink swap, which a watch on the file itself would lose) and reloads after
   each change to the file, debounced; it ends when ``stop_event`` is set or it is cancelled.
@@ -26,6 +31,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -37,6 +43,7 @@ from typing import Any, Literal, Protocol
 
 from watchfiles import Change, awatch
 
+from common.operator_yaml import read_bytes
 from gateway.policy.derive import DerivedChain, TierFigures, derive_routes
 from gateway.policy.schema import PolicyError, RoutingPolicy, parse_policy
 from gateway.request.classify import CompiledClasses
@@ -109,19 +116,13 @@ class PolicyStore:
 
     def reload(self) -> Outcome:
         """Read the file again: ``"applied"``, ``"rejected"`` or ``"unchanged"``."""
-        active = self.active
-        try:
-            data = self._read()
-            digest = _digest(data)
-            if digest == active.digest:
-                self._clear_error()
-                return "unchanged"
-            new = self._build(data, digest)
-        except PolicyError as exc:
-            self._reject(str(exc), active)
-            return "rejected"
-        self._apply(new)
-        return "applied"
+        return self._settle(self._prepare(self.active.digest))
+
+    async def reload_in_thread(self) -> Outcome:
+        """``reload()`` with the file read, parsed and compiled in a worker thread (the event
+        loop keeps serving); the swap and the error fields are set back on the loop."""
+        prepared = await asyncio.to_thread(self._prepare, self.active.digest)
+        return self._settle(prepared)
 
     async def watch(
         self,
@@ -148,7 +149,7 @@ class PolicyStore:
             rust_timeout=_WAKE_MS,
             recursive=False,
         ):
-            outcome = self.reload()
+            outcome = await self.reload_in_thread()
             if on_reload is not None:
                 _notify(on_reload, outcome)
 
@@ -177,11 +178,27 @@ class PolicyStore:
     # ----------------------------------------------------------------------- helpers
 
     def _read(self) -> bytes:
+        return read_bytes(self.path, "routing policy", PolicyError)
+
+    def _prepare(self, serving: str) -> ActivePolicy | PolicyError | None:
+        """The file's policy built (``None``: its digest is ``serving``), or why it is not
+        usable; touches nothing of the store, so it may run in a worker thread."""
         try:
-            return self.path.read_bytes()
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-            raise PolicyError(f"{self.path}: cannot read routing policy: {reason}") from None
+            data = self._read()
+            digest = _digest(data)
+            return None if digest == serving else self._build(data, digest)
+        except PolicyError as exc:
+            return exc
+
+    def _settle(self, prepared: ActivePolicy | PolicyError | None) -> Outcome:
+        if isinstance(prepared, PolicyError):
+            self._reject(str(prepared), self.active)
+            return "rejected"
+        if prepared is None or prepared.digest == self.active.digest:
+            self._clear_error()
+            return "unchanged"
+        self._apply(prepared)
+        return "applied"
 
     def _build(self, data: bytes, digest: str) -> ActivePolicy:
         try:

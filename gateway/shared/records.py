@@ -33,6 +33,12 @@ class SharedRecords:
         """The value of ``name``. Read from Redis, it is kept locally with its expiry: while
         Redis fails, this replica goes on with the last value it saw (a reset mark another
         replica wrote stays in force until it would have expired, not lifted at once)."""
+        value, _ = await self.get_leased(name)
+        return value
+
+    async def get_leased(self, name: str) -> tuple[str | None, float | None]:
+        """``get``, with the seconds the value has left (``None``: Redis holds it with no
+        expiry, as nothing this gateway writes is; anyone who can reach Redis can write)."""
         state, key = self._state, self._state._key("value", name)
 
         async def read(conn: _Conn) -> tuple[object, int]:
@@ -43,16 +49,17 @@ class SharedRecords:
             return found, int(pttl)
 
         read_back = await state._run(read)
+        now = state._clock()
         if read_back is not None:
             found, pttl = read_back
             if found is None:
                 state._local.values.pop(name, None)
-                return None
-            seconds = pttl / 1000 if pttl > 0 else MIRROR_SECONDS  # -1: no expiry set
-            state._local.values[name] = (str(found), state._clock() + seconds)
-            return str(found)
+                return None, None
+            left = pttl / 1000 if pttl > 0 else None  # -1: no expiry set
+            state._local.values[name] = (str(found), now + (left or MIRROR_SECONDS))
+            return str(found), left
         value, until = state._local.values.get(name, (None, 0.0))
-        return value if state._clock() < until else None
+        return (value, until - now) if now < until else (None, None)
 
     async def push(self, name: str, value: str, keep: int = 100) -> None:
         """Prepend ``value`` to the list ``name``, keeping the newest ``keep``."""

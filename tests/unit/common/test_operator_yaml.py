@@ -8,8 +8,10 @@ import pytest
 from pydantic import Field
 
 from common.operator_yaml import (
+    MAX_BYTES,
     OperatorYamlError,
     Section,
+    compose_yaml,
     dotted,
     line_of,
     load_model,
@@ -152,3 +154,44 @@ def test_dotted_and_line_of() -> None:
 def test_a_file_nested_too_deeply_is_one_line(text: str) -> None:
     # PyYAML composes recursively: a deep file must be refused, not raise RecursionError.
     assert _error(text) == "s.yaml:1: invalid YAML: nested too deeply"
+
+
+def test_an_alias_bomb_is_refused_at_its_first_alias() -> None:
+    # 360 bytes, 9**6 nodes once expanded: the duplicate-key walk took 1.3 s (8 levels: 17 s,
+    # 10 levels: ~25 min) of whoever parsed it, the gateway's event loop on a policy reload.
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 7)]
+    with pytest.raises(LoaderError) as info:
+        compose_yaml("\n".join(lines) + "\n", "s.yaml", LoaderError)
+    assert str(info.value) == (
+        "s.yaml:2: invalid YAML: alias *a0: YAML aliases are not allowed in operator files"
+        " (write the value out)"
+    )
+
+
+def test_an_alias_and_a_merge_of_one_are_refused() -> None:
+    text = "host: &h example\nlimits:\n  max_tokens: 8\nports:\n  - name: *h\n    number: 8000\n"
+    assert _error(text).startswith("s.yaml:5: invalid YAML: alias *h: ")
+    merged = "base: &b {max_tokens: 8}\nlimits:\n  <<: *b\n"
+    assert _error(merged).startswith("s.yaml:3: invalid YAML: alias *b: ")
+    # An anchor no alias uses costs nothing: it is left alone.
+    assert parse_model("host: &h example\n", "s.yaml", Server, LoaderError).host == "example"
+
+
+def test_a_file_over_1_mib_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(GOOD + "# " + "x" * MAX_BYTES + "\n", encoding="utf-8")
+    with pytest.raises(LoaderError) as info:
+        load_model(path, Server, "server file", LoaderError)
+    assert str(info.value) == (
+        f"{path}: cannot read server file: larger than 1,048,576 bytes (the bound on an"
+        " operator file)"
+    )
+    path.write_text(GOOD + "# " + "x" * (MAX_BYTES - len(GOOD) - 3) + "\n", encoding="utf-8")
+    assert load_model(path, Server, "server file", LoaderError).limits.max_tokens == 32
+
+
+def test_a_text_over_the_bound_is_refused_unparsed() -> None:
+    assert _error(GOOD + "# " + "x" * MAX_BYTES + "\n") == (
+        "s.yaml:1: larger than 1,048,576 characters (the bound on an operator file)"
+    )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 from gateway.app import create_app
 from gateway.auth import bearer, matches
 from gateway.config import GatewayConfig, TierEndpoint, hash_key, keys_from_environment
+from gateway.policy.schema import parse_policy
 from gateway.server import server_options
 from model_optimizer.envs import ROOT
 
@@ -125,6 +128,48 @@ def test_admin_policy_shows_the_policy_and_reloads(
     assert "routing.yaml" in reloaded["last_error"]
     assert reloaded["digest"] == status["digest"]
     assert client.post(f"{gateway}/v1/chat/completions", json=CHAT).status_code == 200
+
+
+def test_an_admin_policy_reload_parses_off_the_event_loop(
+    stub: Any,
+    start_gateway: Any,
+    client: httpx.Client,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The reload ran on the event loop: /healthz, /readyz and every request waited for it.
+    routes = "{tolerant: [t0], code: [t0], math: [t0], long: [t0]}"
+    policy = tmp_path / "routing.yaml"
+    policy.write_text(f"tiers: [t0]\nroutes: {routes}\n")
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    gateway = start_gateway(
+        stub.url,
+        admin_key_hashes=[hash_key(ADMIN)],
+        policy_path=str(policy),
+        watch_policy=False,
+    )
+
+    def slow_parse(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(1.0)
+        return parse_policy(*args, **kwargs)
+
+    monkeypatch.setattr("gateway.policy.store.parse_policy", slow_parse)
+    policy.write_text(f"tiers: [t0]\nroutes: {routes}\n# edited\n")
+    outcome: list[str] = []
+
+    def reload() -> None:
+        answer = client.post(f"{gateway}/admin/policy/reload", headers=headers, timeout=10)
+        outcome.append(answer.json()["outcome"])
+
+    reloading = threading.Thread(target=reload)
+    reloading.start()
+    time.sleep(0.3)  # the reload is parsing
+    started = time.perf_counter()
+    assert client.get(f"{gateway}/healthz").status_code == 200
+    waited = time.perf_counter() - started
+    reloading.join(10)
+    assert outcome == ["applied"]
+    assert waited < 0.4, f"/healthz waited {waited:.2f} s for the reload"
 
 
 def test_metrics_count_requests_and_rejections(

@@ -226,7 +226,7 @@ def test_an_unfinished_reset_of_an_older_leader_is_recorded_as_abandoned(
         await records.put("reset:current", json.dumps(dead), ttl=60)
         await records.put(MARKS, json.dumps({"fp16": "draining", "token": 0}), ttl=60)
         await coordinator.tick()
-        await apply_shared_marks(runtime.board, records)
+        await apply_shared_marks(runtime.board, records, runtime.policies.active.policy)
         return [json.loads(x) for x in await records.items(HISTORY)], runtime.board.state("fp16")
 
     (history, state), calls = _with_coordinator(three_stubs, _policy(tmp_path), scenario, [NOON])
@@ -271,7 +271,8 @@ def test_garbage_in_the_shared_reset_values_is_dropped_not_fatal(
         await records.push(HISTORY, json.dumps(good))
         for bad in ("5", "not json", '{"tier": "fp16"}', json.dumps({**good, "started_at": "x"})):
             await records.push(HISTORY, bad)
-        await apply_shared_marks(runtime.board, records)  # the scrape loop's step
+        policy = runtime.policies.active.policy
+        await apply_shared_marks(runtime.board, records, policy)  # the scrape loop's step
         decision = await coordinator.tick()
         described = await coordinator.describe()
         return decision, await coordinator.history(), described, await records.get(CURRENT)

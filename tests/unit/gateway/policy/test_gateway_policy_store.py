@@ -10,6 +10,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -181,10 +182,24 @@ def _not_utf8(path: Path) -> str:
     return f"{path}: cannot read routing policy:"
 
 
+def _over_1_mib(path: Path) -> str:
+    # A valid policy with a pasted log below it: read whole and parsed, 16 MB took ~12 s of
+    # the event loop.
+    path.write_text(GOOD + "# " + "x" * (1 << 20) + "\n")
+    return f"{path}: cannot read routing policy: larger than 1,048,576 bytes"
+
+
+def _an_alias(path: Path) -> str:
+    # Valid and harmless on its own, but aliases are what an alias bomb is made of.
+    text = GOOD.replace("tiers: [fp16, int8, int4]", "tiers: &all [fp16, int8, int4]", 1)
+    path.write_text(text.replace("tiers: [fp16, int8, int4]}", "tiers: *all}"))
+    return f"{path}:6: invalid YAML: alias *all: YAML aliases are not allowed in operator files"
+
+
 @pytest.mark.parametrize(
     "break_it",
-    [_garbage, _empty, _unknown_tier, _deleted, _not_utf8],
-    ids=["garbage", "empty", "unknown-tier", "deleted", "not-utf8"],
+    [_garbage, _empty, _unknown_tier, _deleted, _not_utf8, _over_1_mib, _an_alias],
+    ids=["garbage", "empty", "unknown-tier", "deleted", "not-utf8", "over-1-mib", "alias"],
 )
 def test_a_bad_edit_is_rejected_and_the_last_good_policy_serves(
     store: PolicyStore,
@@ -515,3 +530,57 @@ def test_a_deeply_nested_edit_is_rejected_and_the_restored_file_serves(
     assert store.last_error is not None and "nested too deeply" in store.last_error
     policy_file.write_text(EDITED)
     assert store.reload() == "applied"
+
+
+def _alias_bomb(levels: int) -> str:
+    """``levels`` lists of 9 aliases to the list before: 9**levels nodes to walk, expanded."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_rejected_at_once(store: PolicyStore, policy_file: Path) -> None:
+    # 360 bytes; the duplicate-key check walked the aliased graph: 1.3 s here, 17 s at 8 levels.
+    before = store.active
+    policy_file.write_text(GOOD + _alias_bomb(6))
+    started = time.perf_counter()
+    assert store.reload() == "rejected"
+    assert time.perf_counter() - started < 0.5
+    assert store.active is before
+    assert store.last_error == (
+        f"{policy_file}:8: invalid YAML: alias *a0: YAML aliases are not allowed in operator "
+        "files (write the value out)"
+    )
+
+
+def test_the_watch_parses_off_the_event_loop(
+    store: PolicyStore, policy_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow parse (here 0.6 s) runs in a worker thread: the loop, which serves every request
+    and /healthz, keeps ticking meanwhile."""
+
+    def slow_parse(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.6)
+        return parse_policy(*args, **kwargs)
+
+    monkeypatch.setattr("gateway.policy.store.parse_policy", slow_parse)
+    gaps: list[float] = []
+
+    async def main() -> list[str]:
+        async def tick() -> None:
+            last = time.perf_counter()
+            while True:
+                await asyncio.sleep(0.01)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        ticker = asyncio.create_task(tick())
+        try:
+            return await _watching(store, lambda: policy_file.write_text(EDITED), _edited(store))
+        finally:
+            ticker.cancel()
+
+    assert asyncio.run(main()) == ["applied"]
+    assert store.active.digest == _sha(EDITED)
+    assert max(gaps) < 0.3, f"the event loop stalled {max(gaps):.2f} s"
