@@ -12,7 +12,7 @@ the precise prompts. The norm's power, the regularization ``C`` and the suggeste
 from cross-validation by source (GroupKFold over the training sources, so each fold is scored on
 sources it did not see): the (power, C) pair with the least out-of-fold log loss, and the threshold
 that keeps ``TARGET_RECALL`` of the precise prompts out of fold. The held-out file is never read
-here. """
+here."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Operator YAML: read a file, parse it, validate it into a pydantic model; one-line errors.
 
 Shared by the recipe (optimizer/recipe.py), the deployment spec (backends/spec.py), the routing
-policy (gateway/policy.py) and the gateway config (gateway/config.py). Each of them keeps only
-its models and raises its own error class, a subclass of ``OperatorYamlError``.
+policy (gateway/policy/schema.py) and the gateway config (gateway/config.py). Each of them keeps
+only its models and raises its own error class, a subclass of ``OperatorYamlError``.
 
 Every problem is one line, ``<file>:<line>: <dotted.field>: <message>``; the line is found by
 walking the YAML node tree along the field's path (the nearest enclosing key when the field

@@ -27,10 +27,10 @@ Sections:
   error messages, no ``x-route-reason``) or ``full`` (gateway/errors.py).
 - ``resets``: when the gateway may drain a tier and reset its KV pool (time-of-day windows, a
   quiet-traffic condition, the least interval between two resets, drift triggers); the
-  decision itself is gateway/reset_schedule.py. Window and quiet requirements are checked only
-  when ``enabled`` (an operator's forced reset needs neither).
+  decision itself is gateway/control/reset_schedule.py. Window and quiet requirements are checked
+  only when ``enabled`` (an operator's forced reset needs neither).
 - ``shadow``: the share of answers from cheaper tiers compared off the response path with the
-  reference tier's (gateway/shadow.py); its tiers are checked only when ``fraction`` > 0.
+  reference tier's (gateway/control/shadow.py); its tiers are checked only when ``fraction`` > 0.
 - ``escalation`` (gateway/policy/escalation.py): which tiers' streamed answers are watched for
   loops and script garbage, and continued on the next tier when one degenerates.
 """
