@@ -32,6 +32,12 @@ BUILD_RECIPE = "1"
 SERVER, QUANTIZE, BENCH = "llama-server", "llama-quantize", "llama-bench"
 TARGETS = (SERVER, QUANTIZE, BENCH)
 CONVERT_SCRIPT = "convert_hf_to_gguf.py"
+# ggml's AMX kernels (compiled in when -march=native defines __AMX_INT8__) crashed every prompt
+# batch on an AMX Xeon here (SIGSEGV in ggml_backend_amx_mul_mat; llama-bench -p 16: rc 139)
+# while AMX itself ran a plain tdpbssd probe: on such CPUs the build leaves them out, keeping the
+# AVX-512 kernels. GCC defines -march's macros before it reads -U, wherever -U stands.
+AMX_FLAGS = frozenset({"amx_int8", "amx_tile", "amx_bf16"})
+NO_AMX = ("-U__AMX_INT8__", "-U__AMX_TILE__", "-U__AMX_BF16__")
 BUILD_INFO = "build.json"
 COMPLETE = ".complete"
 
@@ -56,12 +62,20 @@ class LlamaCpp:
         return self.version
 
 
+def compiler_undefines(flags: frozenset[str]) -> tuple[str, ...]:
+    """Macros the build undefines on a CPU with these flags (pure): AMX's, where it has AMX."""
+    return NO_AMX if flags & AMX_FLAGS else ()
+
+
 def build_key(pins: bytes, flags: frozenset[str]) -> str:
     """The build folder's key: the pinned source, the recipe and the CPU's flags (pure)."""
     digest = hashlib.sha256()
     digest.update(f"{BUILD_RECIPE}\n".encode())
     digest.update(pins)
     digest.update(b"\0" + " ".join(sorted(flags)).encode())
+    undefines = compiler_undefines(flags)
+    if undefines:  # a build of recipe 1 on an AMX CPU kept the kernels that crash: not reused
+        digest.update(b"\0" + " ".join(undefines).encode())
     return digest.hexdigest()[:12]
 
 

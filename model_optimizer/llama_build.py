@@ -34,6 +34,7 @@ from common.llama_cpp import (
     SERVER,
     TARGETS,
     build_dir,
+    compiler_undefines,
 )
 
 SOURCE_IN_SDIST = "vendor/llama.cpp"
@@ -55,6 +56,16 @@ CONVERT_PARTS = (CONVERT_SCRIPT, "conversion", "gguf-py")
 # prefixes are per target and jump back and forth, so progress counts compiled files instead).
 EXPECTED_OBJECTS = 196
 _COMPILED = re.compile(r"Building (C|CXX|ASM) object ")
+
+
+def cmake_flags(flags: frozenset[str]) -> tuple[str, ...]:
+    """cmake's options for a CPU with these flags (pure): CMAKE_FLAGS, and on an AMX CPU the
+    C and C++ flags that leave ggml's AMX kernels out (common/llama_cpp.py says why)."""
+    undefines = " ".join(compiler_undefines(flags))
+    if not undefines:
+        return CMAKE_FLAGS
+    return (*CMAKE_FLAGS, f"-DCMAKE_C_FLAGS={undefines}", f"-DCMAKE_CXX_FLAGS={undefines}")
+
 
 Say = Callable[[str], None]
 
@@ -81,7 +92,8 @@ def progress(compiled: int, shown: int, every: int = 10) -> int | None:
 
 def ensure_llama_cpp(say: Say, jobs: int | None = None) -> Path:
     """This machine's llama.cpp build (built now if missing); ``BuildError`` if it cannot be."""
-    folder = build_dir(flags=machine_flags())
+    flags = machine_flags()
+    folder = build_dir(flags=flags)
     if (folder / COMPLETE).is_file():
         return folder
     with cache_lock(folder.parent / ".llama.cpp.lock", lambda: say("waiting for another build")):
@@ -103,8 +115,9 @@ def ensure_llama_cpp(say: Say, jobs: int | None = None) -> Path:
             with log.open("w") as out:
                 source, commit = phase_source(work, out)
                 jobs = jobs or os.cpu_count() or 1
-                build = phase_build(source, commit, work / "build", out, say, jobs)
-            phase_install(source, commit, build, folder, time.monotonic() - started)
+                cmake = cmake_flags(flags)
+                build = phase_build(source, commit, work / "build", cmake, out, say, jobs)
+            phase_install(source, commit, build, folder, cmake, time.monotonic() - started)
         except subprocess.CalledProcessError as exc:
             raise BuildError(f"building llama.cpp failed: {_last_error(log)} (log: {log})") from exc
         finally:
@@ -158,10 +171,18 @@ def _has(tar: tarfile.TarFile, name: str) -> bool:
     return True
 
 
-def phase_build(source: Path, commit: str, build: Path, log: TextIO, say: Say, jobs: int) -> Path:
+def phase_build(
+    source: Path,
+    commit: str,
+    build: Path,
+    cmake: tuple[str, ...],
+    log: TextIO,
+    say: Say,
+    jobs: int,
+) -> Path:
     """Configure and build the programs, a progress line each tenth of the files compiled."""
     version = [f"-DLLAMA_BUILD_COMMIT={commit}", "-DLLAMA_BUILD_NUMBER=0"]
-    _run(["cmake", "-S", str(source), "-B", str(build), *CMAKE_FLAGS, *version], log)
+    _run(["cmake", "-S", str(source), "-B", str(build), *cmake, *version], log)
     cmd = ["cmake", "--build", str(build), "--target", *TARGETS, "-j", str(jobs)]
     with subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
@@ -180,7 +201,14 @@ def phase_build(source: Path, commit: str, build: Path, log: TextIO, say: Say, j
     return build / "bin"
 
 
-def phase_install(source: Path, commit: str, bin_dir: Path, folder: Path, seconds: float) -> None:
+def phase_install(
+    source: Path,
+    commit: str,
+    bin_dir: Path,
+    folder: Path,
+    cmake: tuple[str, ...],
+    seconds: float,
+) -> None:
     """Programs, converter, license and build.json into ``folder`` (staged, then renamed)."""
     staging = Path(tempfile.mkdtemp(prefix=".install-", dir=folder.parent))
     try:
@@ -206,7 +234,7 @@ def phase_install(source: Path, commit: str, bin_dir: Path, folder: Path, second
         info = {
             "source": (REQUIREMENTS / PIN_FILE).read_text().strip().splitlines()[-1].split()[0],
             "commit": commit,
-            "cmake": list(CMAKE_FLAGS),
+            "cmake": list(cmake),
             "seconds": round(seconds),
         }
         (staging / BUILD_INFO).write_text(json.dumps(info, indent=1) + "\n")

@@ -3,6 +3,7 @@ MO_LLAMA_CPP)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -25,6 +26,15 @@ def test_the_build_key_follows_the_pins_and_the_cpu() -> None:
     assert build_key(b"pins", avx2) != build_key(b"pins", avx512)  # -march=native
     assert build_key(b"pins", avx2) != build_key(b"other pins", avx2)
     assert len(build_key(b"pins", avx2)) == 12
+
+
+def test_an_amx_cpu_gets_a_build_of_its_own_and_the_others_keep_theirs() -> None:
+    avx512 = frozenset({"avx2", "avx512f"})
+    recipe_1 = hashlib.sha256(b"1\npins\0avx2 avx512f").hexdigest()[:12]
+    assert build_key(b"pins", avx512) == recipe_1  # built before the AMX rule: still reused
+    amx = avx512 | {"amx_int8", "amx_tile"}
+    recipe_1_amx = hashlib.sha256(b"1\npins\0" + " ".join(sorted(amx)).encode()).hexdigest()
+    assert build_key(b"pins", amx) != recipe_1_amx[:12]  # its kernels crashed: built again
 
 
 def test_an_existing_install_is_found_in_its_bin_folder(tmp_path: Path) -> None:
