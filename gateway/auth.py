@@ -36,6 +36,7 @@ from gateway.key_guesses import GuessBudget
 from gateway.shared.state import SharedState
 
 RATE_WINDOW = 60.0
+KEY_DIGEST = "key_digest"  # the request state's key: the matched API key's sha256 digest
 
 
 class AuthMiddleware:
@@ -99,6 +100,7 @@ class AuthMiddleware:
                 if key is not None:  # a key sent and wrong is a guess; none sent reveals nothing
                     await self._count_failure(address)
                 raise _unauthorized("API")
+            scope.setdefault("state", {})[KEY_DIGEST] = digest
         if self.admin_keys and matches(key, self.admin_keys) is not None:
             scope.setdefault("state", {})[DETAIL] = FULL_DETAIL
         shared = self.shared()
