@@ -1,8 +1,9 @@
 """API keys and per-key rate limits, as pure ASGI middleware (streaming passes through).
 
 - ``/v1/...``: when ``api_key_hashes`` is set, a request needs ``Authorization: Bearer <key>``
-  whose sha256 is one of them or an admin key's (401 ``invalid_api_key`` otherwise). A request
-  sending an admin key is told everything in errors and route headers (gateway/errors.py).
+  whose sha256 is one of them (401 ``invalid_api_key`` otherwise; an admin key opens ``/v1``
+  only if it is listed as an API key too). A request sending an admin key is told everything
+  in errors and route headers (gateway/errors.py).
   With a per-minute rate limit, each key (or each client address when no keys are set) gets
   that many units per 60 s across all replicas (gateway/shared/state.py); over it: 429 with
   ``Retry-After``. A request takes one unit here; a completion that generates several
@@ -10,9 +11,12 @@
   the ``rate_charge`` the middleware leaves in the request's state (gateway/request/proxy.py);
   one costing more than the whole limit is a 400.
 - ``/admin/...``: always needs an admin key (``admin_key_hashes``); none configured means the
-  admin API is off (403). Each client address gets ``admin_rate_limit_per_minute`` admin
-  requests without a valid admin key per 60 s (401 each); past it: 429. Requests with a valid
-  admin key are not counted.
+  admin API is off (403).
+- Failed keys: each client address gets ``admin_rate_limit_per_minute`` requests without a
+  valid key per 60 s, one budget for ``/admin`` (any request without the admin key) and
+  ``/v1`` (a wrong key sent), across replicas (gateway/key_guesses.py); once spent, both
+  answer 429 without looking at the key until the window frees. Requests with a valid key are
+  not counted.
 - Everything else (``/healthz``, ``/readyz``, ``/metrics``) is open, as probes expect.
 Keys are compared as digests in constant time and never logged; the rate limiter sees only a
 12-character prefix of the digest. Paths are compared as the router sees them, without the
@@ -28,9 +32,11 @@ from collections.abc import Callable, Sequence
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import DETAIL, FULL_DETAIL, INVALID_REQUEST, APIError, api_error_response
+from gateway.key_guesses import GuessBudget
 from gateway.shared.state import SharedState
 
 RATE_WINDOW = 60.0
+KEY_DIGEST = "key_digest"  # the request state's key: the matched API key's sha256 digest
 
 
 class AuthMiddleware:
@@ -50,9 +56,9 @@ class AuthMiddleware:
         self.api_keys = tuple(api_key_hashes)
         self.admin_keys = tuple(admin_key_hashes)
         self.rate_limit = rate_limit_per_minute
-        self.admin_rate_limit = admin_rate_limit_per_minute
         self.shared = shared
         self.on_reject = on_reject
+        self.guesses = GuessBudget(admin_rate_limit_per_minute, shared)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -74,33 +80,32 @@ class AuthMiddleware:
                 raise APIError(
                     403, "the admin API is off: set MO_GATEWAY_ADMIN_KEYS", code="admin_disabled"
                 )
+            address = client_address(scope)
+            self._refuse_if_spent(address)
             if matches(bearer(scope), self.admin_keys):
                 return
             # Guessing is what must be bounded: only requests without a valid admin key count
-            # (an operator's dashboards and scripts are never throttled).
-            shared = self.shared()
-            if self.admin_rate_limit is not None and shared is not None:
-                client = scope.get("client") or ("unknown", 0)
-                limit = self.admin_rate_limit
-                decision = await shared.rate_limit(f"admin:{client[0]}", limit, RATE_WINDOW)
-                if not decision.allowed:
-                    raise _rate_limited(limit, decision.retry_after)
+            # (an operator's dashboards and scripts are never counted).
+            await self._count_failure(address)
             raise _unauthorized("admin")
         if not (path == "/v1" or path.startswith("/v1/")):
             return
         key = bearer(scope)
-        admin = matches(key, self.admin_keys)
-        if admin is not None:
-            scope.setdefault("state", {})[DETAIL] = FULL_DETAIL
         digest = None
         if self.api_keys:
-            digest = matches(key, self.api_keys) or admin
+            address = client_address(scope)
+            self._refuse_if_spent(address)
+            digest = matches(key, self.api_keys)
             if digest is None:
+                if key is not None:  # a key sent and wrong is a guess; none sent reveals nothing
+                    await self._count_failure(address)
                 raise _unauthorized("API")
+            scope.setdefault("state", {})[KEY_DIGEST] = digest
+        if self.admin_keys and matches(key, self.admin_keys) is not None:
+            scope.setdefault("state", {})[DETAIL] = FULL_DETAIL
         shared = self.shared()
         if self.rate_limit is not None and shared is not None:
-            client = scope.get("client") or ("unknown", 0)
-            who = f"key:{digest[:12]}" if digest else f"addr:{client[0]}"
+            who = f"key:{digest[:12]}" if digest else f"addr:{client_address(scope)}"
             limit = self.rate_limit
             decision = await shared.rate_limit(who, limit, RATE_WINDOW)
             if not decision.allowed:
@@ -122,6 +127,22 @@ class AuthMiddleware:
                     raise _rate_limited(limit, decision.retry_after)
 
             scope.setdefault("state", {})["rate_charge"] = charge
+
+    def _refuse_if_spent(self, address: str) -> None:
+        """429 without looking at the key while ``address`` has no failed attempt left."""
+        wait = self.guesses.refused_for(address)
+        if wait is not None:
+            raise _too_many_failures(wait)
+
+    async def _count_failure(self, address: str) -> None:
+        wait = await self.guesses.failed(address)
+        if wait is not None:
+            raise _too_many_failures(wait)
+
+
+def client_address(scope: Scope) -> str:
+    client = scope.get("client") or ("unknown", 0)
+    return str(client[0])
 
 
 def route_path(scope: Scope) -> str:
@@ -165,6 +186,17 @@ def _rate_limited(limit: int, retry_after: float) -> APIError:
     return APIError(
         429,
         f"rate limit reached: {limit} requests per minute; retry in {wait} s",
+        "requests",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(wait)},
+    )
+
+
+def _too_many_failures(retry_after: float) -> APIError:
+    wait = max(1, round(retry_after + 0.5))
+    return APIError(
+        429,
+        f"too many requests with a wrong or missing key from this address; retry in {wait} s",
         "requests",
         code="rate_limit_exceeded",
         headers={"Retry-After": str(wait)},

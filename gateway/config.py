@@ -179,8 +179,10 @@ class GatewayConfig(BaseModel):
     api_key_hashes: list[str] = Field(default_factory=list)  # empty: /v1 needs no key
     admin_key_hashes: list[str] = Field(default_factory=list)  # empty: /admin is disabled
     rate_limit_per_minute: int | None = Field(default=None, gt=0)  # per API key
-    # /admin requests per client address and minute, counted before the key is checked
-    # (wrong keys count too); None: no limit.
+    # Failed key attempts per client address and minute, one budget for /admin (requests
+    # without the admin key) and /v1 (a wrong API key sent), across replicas; once spent both
+    # answer 429 without checking the key until the window frees (gateway/key_guesses.py).
+    # None: no limit.
     admin_rate_limit_per_minute: int | None = Field(default=300, gt=0)
     metrics_interval: float = Field(default=2.0, gt=0)  # seconds between scrapes of the tiers
     dns_interval: float = Field(default=10.0, gt=0)  # seconds between resolving `dns` tiers

@@ -3,9 +3,10 @@ of OpenAI's request fields the gateway itself reads, and OpenAI's error shape.
 
 The document is the gateway's contract: a body it calls invalid is refused by the gateway itself
 (a 4xx, never forwarded), and a valid one is answered or refused only over a limit (the prompt's
-length, the body's size). Request bodies allow other fields (``additionalProperties``): they
-travel to vLLM, which checks them. Schemathesis fuzzes the gateway as shipped from this document
-(tests/shipped_fuzz.py).
+length, the body's size). Request bodies allow other fields (``additionalProperties``): vLLM's
+extensions travel to vLLM, which checks them, unless the policy's ``fields`` refuses one (a 400
+naming it); a field no tier knows is dropped, as vLLM ignores it (gateway/request/fields.py).
+Schemathesis fuzzes the gateway as shipped from this document (tests/shipped_fuzz.py).
 """
 
 from __future__ import annotations

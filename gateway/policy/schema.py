@@ -19,6 +19,9 @@ Sections:
 - ``limits``: prompt and completion token limits and what to do when a request exceeds them;
   bounds on the fields that multiply a request's cost (n, best_of, list prompts, logprobs,
   prompt logprobs, tools; gateway/request/costs.py).
+- ``fields`` (schema in gateway/policy/fields.py): which vLLM extension fields a client may
+  send (the others are refused or dropped: gateway/request/fields.py) and the prefix cache's
+  salt per API key.
 - ``pinning``: whether a request header may pin a tier.
 - ``failover``: whether a whole (non-streamed) answer whose tier fails midway is continued on
   the next tier from where it stopped (asked as a stream and assembled,
@@ -66,6 +69,7 @@ from gateway.policy.classes import TaskRule as TaskRule
 from gateway.policy.classes import WindowRule as WindowRule
 from gateway.policy.classes import check_name as _check_name
 from gateway.policy.escalation import EscalationPolicy, escalation_problems
+from gateway.policy.fields import FieldsPolicy
 
 ClassName = Literal["tolerant", "code", "math", "long"]
 CLASS_NAMES: tuple[ClassName, ...] = ("tolerant", "code", "math", "long")
@@ -343,6 +347,7 @@ class RoutingPolicy(Section):
     timeouts: TimeoutsPolicy = Field(default_factory=TimeoutsPolicy)
     failover: FailoverPolicy = Field(default_factory=FailoverPolicy)
     errors: ErrorsPolicy = Field(default_factory=ErrorsPolicy)
+    fields: FieldsPolicy = Field(default_factory=FieldsPolicy)
     resets: ResetsPolicy = Field(default_factory=ResetsPolicy)
     shadow: ShadowPolicy = Field(default_factory=ShadowPolicy)
     escalation: EscalationPolicy = Field(default_factory=EscalationPolicy)

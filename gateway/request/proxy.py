@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from backends.tier_state import TierState
+from gateway.auth import KEY_DIGEST
 from gateway.control.live_guard import GuardSettings
 from gateway.control.shadow import ShadowJob
 from gateway.errors import DETAIL, FULL_DETAIL, SERVER_ERROR, APIError, full_detail
@@ -39,6 +40,7 @@ from gateway.request.chain import NO_SERVER, Asked, open_chain
 from gateway.request.continuation import unresumable
 from gateway.request.endpoint_choice import Saturation, endpoint_id, session_key
 from gateway.request.exchange import Exchange, usage_tokens
+from gateway.request.fields import screen_fields
 from gateway.request.plan import assess, plan_route, route_headers
 from gateway.request.prompt_count import count_prompt
 from gateway.request.relay import UpstreamStreamingResponse, unless_client_leaves, whole_response
@@ -92,6 +94,9 @@ async def _relay_completion(request: Request, path: str) -> Response:
             # The whole body first: a client sending it slowly holds no in-flight slot.
             raw = await read_body(request, config.max_body_bytes, config.body_timeout)
             body = check_model(parse_json_object(raw), config.model_name)
+            policy = runtime.policies.active.policy
+            key_digest = request.scope.get("state", {}).get(KEY_DIGEST)
+            screen_fields(body, path, policy.fields, policy.limits, key_digest)
             if not runtime.admission.enter():
                 limit = runtime.admission.limit
                 raise APIError(

@@ -18,10 +18,10 @@ from gateway.request.aiohttp_transport import AiohttpBody, AiohttpTransport
 logger = logging.getLogger(__name__)
 
 # Request headers that may travel from the client to a tier; everything else (notably
-# Authorization, cookies, hop-by-hop headers and Accept-Encoding) stays behind.
-FORWARDED_HEADERS = frozenset(
-    {"content-type", "accept", "traceparent", "tracestate", "x-request-id"}
-)
+# Authorization, cookies, hop-by-hop headers and Accept-Encoding) stays behind, and so does
+# X-Request-Id: vLLM takes it as the engine's request id (_base_request_id), which
+# one client must not choose for another's requests to collide with.
+FORWARDED_HEADERS = frozenset({"content-type", "accept", "traceparent", "tracestate"})
 
 
 class UpstreamUnavailable(APIError):

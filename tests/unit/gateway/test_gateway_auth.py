@@ -267,11 +267,16 @@ def test_admin_requests_are_rate_limited_per_address(
     assert [*codes, limited.status_code] == [401, 401, 401, 429]  # guesses are bounded
     assert limited.json()["error"]["code"] == "rate_limit_exceeded"
     assert int(limited.headers["retry-after"]) >= 1
-    # a valid admin key is never counted nor throttled (operators' dashboards poll /admin)
-    assert [client.get(f"{gateway}/admin/tiers", headers=good).status_code for _ in range(5)] == [
+    # once spent, the right key gets the same 429 as a wrong one: the answer tells nothing
+    assert client.get(f"{gateway}/admin/tiers", headers=good).status_code == 429
+    assert client.post(f"{gateway}/v1/chat/completions", json=CHAT).status_code == 200  # open
+    fresh = start_gateway(
+        stub.url, admin_key_hashes=[hash_key(ADMIN)], admin_rate_limit_per_minute=3
+    )
+    # a valid admin key is never counted (operators' dashboards poll /admin)
+    assert [client.get(f"{fresh}/admin/tiers", headers=good).status_code for _ in range(5)] == [
         200
     ] * 5
-    assert client.post(f"{gateway}/v1/chat/completions", json=CHAT).status_code == 200
     assert (
         GatewayConfig(
             model_name="m", tiers=[TierEndpoint(name="a", base_url="http://x")]
@@ -280,11 +285,13 @@ def test_admin_requests_are_rate_limited_per_address(
     )
 
 
-def test_an_admin_key_also_opens_v1_and_shows_the_route_reason(
+def test_an_admin_key_listed_as_an_api_key_opens_v1_and_shows_the_route_reason(
     stub: Any, start_gateway: Any, client: httpx.Client
 ) -> None:
     gateway = start_gateway(
-        stub.url, api_key_hashes=[hash_key(KEY)], admin_key_hashes=[hash_key(ADMIN)]
+        stub.url,
+        api_key_hashes=[hash_key(KEY), hash_key(ADMIN)],
+        admin_key_hashes=[hash_key(ADMIN)],
     )
     as_user = client.post(
         f"{gateway}/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {KEY}"}
@@ -294,3 +301,88 @@ def test_an_admin_key_also_opens_v1_and_shows_the_route_reason(
         f"{gateway}/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {ADMIN}"}
     )
     assert as_admin.status_code == 200 and as_admin.headers["x-route-reason"]
+
+
+def _guessing_gateway(stub: Any, start_gateway: Any) -> str:
+    return start_gateway(
+        stub.url,
+        api_key_hashes=[hash_key(KEY)],
+        admin_key_hashes=[hash_key(ADMIN)],
+        admin_rate_limit_per_minute=3,
+    )
+
+
+def test_keys_guessed_on_v1_spend_the_budget_admin_refuses_too(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = _guessing_gateway(stub, start_gateway)
+    url = f"{gateway}/v1/chat/completions"
+    guesses = [
+        client.post(url, json=CHAT, headers={"Authorization": f"Bearer sk-guess-{i}"})
+        for i in range(4)
+    ]
+    assert [r.status_code for r in guesses] == [401, 401, 401, 429]
+    refused = guesses[-1].json()["error"]
+    assert refused["code"] == "rate_limit_exceeded" and refused["type"] == "requests"
+    assert int(guesses[-1].headers["retry-after"]) >= 1
+    # the right key is not looked at: the same 429, on /v1 and on /admin
+    right = client.post(url, json=CHAT, headers={"Authorization": f"Bearer {KEY}"})
+    assert right.status_code == 429
+    admin = client.get(f"{gateway}/admin/tiers", headers={"Authorization": f"Bearer {ADMIN}"})
+    assert admin.status_code == 429
+    assert len(stub.requests) == 0
+
+
+def test_keys_guessed_on_admin_spend_the_budget_v1_refuses_too(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = _guessing_gateway(stub, start_gateway)
+    wrong = {"Authorization": "Bearer guess"}
+    codes = [client.get(f"{gateway}/admin/tiers", headers=wrong).status_code for _ in range(3)]
+    assert codes == [401, 401, 401]
+    right = client.post(
+        f"{gateway}/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {KEY}"}
+    )
+    assert right.status_code == 429 and right.json()["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_v1_without_a_key_is_not_a_guess_and_valid_keys_are_not_counted(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = _guessing_gateway(stub, start_gateway)
+    url = f"{gateway}/v1/chat/completions"
+    assert [client.post(url, json=CHAT).status_code for _ in range(4)] == [401] * 4
+    good = {"Authorization": f"Bearer {KEY}"}
+    assert [client.post(url, json=CHAT, headers=good).status_code for _ in range(4)] == [200] * 4
+
+
+def test_an_admin_only_key_does_not_open_v1(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = _guessing_gateway(stub, start_gateway)
+    as_admin = client.post(
+        f"{gateway}/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {ADMIN}"}
+    )
+    assert as_admin.status_code == 401 and as_admin.json()["error"]["code"] == "invalid_api_key"
+    assert len(stub.requests) == 0
+
+
+def test_a_spent_budget_frees_when_its_window_passes() -> None:
+    import asyncio
+
+    from gateway.key_guesses import GUESS_WINDOW, GuessBudget
+    from gateway.shared.state import SharedState
+
+    now = [0.0]
+    shared = SharedState(None, clock=lambda: now[0])
+    budget = GuessBudget(2, lambda: shared, clock=lambda: now[0])
+
+    async def run() -> list[float | None]:
+        return [await budget.failed("10.0.0.1"), await budget.failed("10.0.0.1")]
+
+    assert asyncio.run(run()) == [None, None]  # the second took the last unit
+    assert budget.refused_for("10.0.0.1") == GUESS_WINDOW
+    assert budget.refused_for("10.0.0.2") is None  # per address
+    now[0] = GUESS_WINDOW + 0.5
+    assert budget.refused_for("10.0.0.1") is None
+    assert asyncio.run(budget.failed("10.0.0.1")) is None

@@ -203,7 +203,7 @@ def test_authorization_is_not_forwarded_but_tracing_is(
     seen = stub.last_request["headers"]
     assert "authorization" not in seen
     assert "cookie" not in seen
-    assert seen["x-request-id"] == "req-1"
+    assert "x-request-id" not in seen  # vLLM would take it as its request id
     # The tier sees the client's trace, continued by the gateway's own upstream span.
     version, trace_id, parent, flags = seen["traceparent"].split("-")
     assert (version, trace_id, flags) == ("00", "0af7651916cd43dd8448eb211c80319c", "01")
