@@ -11,12 +11,21 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 
 from gateway.errors import APIError
+from gateway.request.body_values import (
+    NonFinite,
+    check_surrogates,
+    finite_float,
+    non_finite_error,
+    refuse_constant,
+)
 
 CLOSE = {"Connection": "close"}  # on an answer sent before the whole body was read
 # Objects and arrays in a request body, nested; OpenAI bodies (tool and response schemas
 # included) stay far below it, and it keeps every later encoder and walker off the recursion
 # limit (json.dumps of the body to a tier, for one).
 MAX_JSON_DEPTH = 64
+# Built once: json.loads with hooks would build a decoder per call (~10 us).
+_DECODER = json.JSONDecoder(parse_float=finite_float, parse_constant=refuse_constant)
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
 
@@ -55,8 +64,10 @@ async def _read_body(request: Request, max_bytes: int) -> bytes:
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """Decode a JSON object body nested at most ``MAX_JSON_DEPTH`` levels; anything else is a
-    one-line 400 (a body of ``[`` too: refused before the decoder, which recurses, sees it)."""
+    """Decode a JSON object body nested at most ``MAX_JSON_DEPTH`` levels, whose numbers are
+    finite and whose strings are Unicode (gateway/request/body_values.py: what a tier can be
+    sent); anything else is a one-line 400 (a body of ``[`` too: refused before the decoder,
+    which recurses, sees it)."""
     too_deep = APIError(
         400,
         f"request body is nested too deeply (objects and arrays more than {MAX_JSON_DEPTH} levels)",
@@ -64,9 +75,11 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     if nested_deeper_than(raw, MAX_JSON_DEPTH):
         raise too_deep
     try:
-        body = json.loads(raw)
+        body = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
     except RecursionError as exc:
         raise too_deep from exc
+    except NonFinite as exc:
+        raise non_finite_error(raw, exc) from None
     except json.JSONDecodeError as exc:
         raise APIError(
             400,
@@ -76,6 +89,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise APIError(400, f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise APIError(400, f"request body must be a JSON object, got {type(body).__name__}")
+    check_surrogates(raw, body)
     return body
 
 

@@ -1,0 +1,99 @@
+"""Request bodies the gateway decodes but could not send on (gateway/request/body.py,
+body_values.py): each a 400 in OpenAI's shape naming where, nothing forwarded, no error log."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.errors import APIError
+from gateway.request.body import parse_json_object
+
+CHAT = b'{"messages": [{"role": "user", "content": "hi"}]%s}'
+
+UNSENDABLE: list[tuple[str, str, bytes, str]] = [
+    ("NaN", "chat", CHAT % b', "temperature": NaN', "temperature"),
+    ("-Infinity", "chat", CHAT % b', "top_p": -Infinity', "top_p"),
+    ("Infinity unchecked", "chat", CHAT % b', "x_extra": {"a": [0, Infinity]}', "x_extra.a[1]"),
+    ("1e999", "chat", CHAT % b', "presence_penalty": 1e999', "presence_penalty"),
+    ("-1e999 in a list", "chat", CHAT % b', "logit_bias": {"11": -1e999}', 'logit_bias["11"]'),
+    (
+        "lone high",
+        "chat",
+        b'{"messages": [{"role": "user", "content": "a\\ud800"}]}',
+        "messages[0].content",
+    ),
+    (
+        "lone low in a part",
+        "chat",
+        b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udc00"}]}]}',
+        "messages[0].content[0].text",
+    ),
+    ("in stop", "chat", CHAT % b', "stop": ["a", "\\ud83dx"]', "stop[1]"),
+    ("a prompt", "completions", b'{"prompt": "\\udfff"}', "prompt"),
+    ("a key", "completions", b'{"prompt": "x", "\\ud800": 1}', '["\\ud800"]'),
+]
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"), [(u[2], u[3]) for u in UNSENDABLE], ids=[u[0] for u in UNSENDABLE]
+)
+def test_values_that_cannot_be_sent_on_are_refused_naming_their_place(
+    raw: bytes, param: str
+) -> None:
+    with pytest.raises(APIError) as caught:
+        parse_json_object(raw)
+    assert caught.value.status == 400
+    assert caught.value.param == param
+    assert caught.value.code == "invalid_value"
+    assert f"'{param}'" in caught.value.message
+    assert "\n" not in caught.value.message
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"e": "\\ud83d\\ude00"}',  # a surrogate pair: one emoji
+        b'{"e": "\\\\ud800"}',  # an escaped backslash, then text
+        b'{"t": 1.7976931348623157e308, "u": -1e-999, "v": 1e308}',  # finite; an underflow is 0
+    ],
+)
+def test_valid_unicode_and_finite_numbers_pass(raw: bytes) -> None:
+    assert isinstance(parse_json_object(raw), dict)
+
+
+def test_a_bare_non_finite_body_is_named_as_the_body() -> None:
+    with pytest.raises(APIError) as caught:
+        parse_json_object(b"NaN")
+    assert caught.value.status == 400 and caught.value.param is None
+
+
+@pytest.mark.parametrize(
+    ("what", "path", "raw", "param"), UNSENDABLE, ids=[u[0] for u in UNSENDABLE]
+)
+def test_through_the_gateway_a_400_nothing_forwarded_nothing_logged_as_an_error(
+    what: str,
+    path: str,
+    raw: bytes,
+    param: str,
+    stub: Any,
+    start_gateway: Any,
+    client: httpx.Client,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gateway = start_gateway(stub.url)
+    with caplog.at_level(logging.INFO):
+        response = client.post(
+            f"{gateway}/v1/{'chat/completions' if path == 'chat' else 'completions'}",
+            content=raw,
+            headers={"content-type": "application/json"},
+        )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert stub.requests == []
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
