@@ -24,7 +24,8 @@ CLOSE = {"Connection": "close"}  # on an answer sent before the whole body was r
 # included) stay far below it, and it keeps every later encoder and walker off the recursion
 # limit (json.dumps of the body to a tier, for one).
 MAX_JSON_DEPTH = 64
-# Built once: json.loads with hooks would build a decoder per call (~10 us).
+# Built once: json.loads with hooks would build a decoder per call (~10 us). It decodes text:
+# the bytes are decoded as UTF-8 first (utf8_text).
 _DECODER = json.JSONDecoder(parse_float=finite_float, parse_constant=refuse_constant)
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
@@ -64,33 +65,53 @@ async def _read_body(request: Request, max_bytes: int) -> bytes:
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """Decode a JSON object body nested at most ``MAX_JSON_DEPTH`` levels, whose numbers are
-    finite and whose strings are Unicode (gateway/request/body_values.py: what a tier can be
-    sent); anything else is a one-line 400 (a body of ``[`` too: refused before the decoder,
+    """Decode a UTF-8 JSON object body nested at most ``MAX_JSON_DEPTH`` levels, whose numbers
+    are finite and whose strings are Unicode (gateway/request/body_values.py: what a tier can
+    be sent); anything else is a one-line 400 (a body of ``[`` too: refused before the decoder,
     which recurses, sees it)."""
     too_deep = APIError(
         400,
         f"request body is nested too deeply (objects and arrays more than {MAX_JSON_DEPTH} levels)",
     )
+    # UTF-8 first: the nesting bound reads bytes, and a quote byte is a quote only in UTF-8 (in
+    # UTF-16 a character such as U+4E22 carries a 0x22 byte and hid ~960 levels from it).
+    text = utf8_text(raw)
     if nested_deeper_than(raw, MAX_JSON_DEPTH):
         raise too_deep
     try:
-        body = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
+        body = _DECODER.decode(text)
     except RecursionError as exc:
         raise too_deep from exc
     except NonFinite as exc:
-        raise non_finite_error(raw, exc) from None
+        raise non_finite_error(text, exc) from None
     except json.JSONDecodeError as exc:
         raise APIError(
             400,
             f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
         ) from exc
-    except ValueError as exc:  # e.g. bytes that are not UTF-8/16/32
+    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
         raise APIError(400, f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise APIError(400, f"request body must be a JSON object, got {type(body).__name__}")
     check_surrogates(raw, body)
     return body
+
+
+def utf8_text(raw: bytes) -> str:
+    """The body as text: UTF-8 only, as RFC 8259 (8.1) asks of JSON between systems (Python's
+    decoder would also take UTF-16 and UTF-32, and surrogates' bytes); a leading byte order
+    mark is ignored, as the RFC allows. Anything else is a 400."""
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in raw[:4]:
+        raise APIError(400, "request body is not UTF-8 (UTF-16 or UTF-32?): JSON must be UTF-8")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise APIError(
+            400,
+            f"request body is not UTF-8: byte {raw[exc.start]:#04x} at offset {exc.start} "
+            f"({exc.reason}); JSON must be UTF-8",
+        ) from None
+    return text[1:] if text.startswith("\ufeff") else text
 
 
 def nested_deeper_than(raw: bytes, limit: int) -> bool:

@@ -18,8 +18,8 @@ from typing import Any
 from gateway.errors import APIError
 
 # A surrogate escape somewhere in the raw body (a pair, a lone one, or an escaped backslash
-# followed by such text), or a surrogate's UTF-8-like bytes (which the decoder passes through):
-# only then can a decoded string hold a lone surrogate.
+# followed by such text): only then can a decoded string hold a lone surrogate (the body is
+# strict UTF-8, which encodes no surrogate: gateway/request/body.py).
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # (one alternative: 15x faster)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _MAX_KEY_SHOWN = 40
@@ -64,7 +64,7 @@ def _mark_large(text: str) -> float:
     return _mark(text) if math.isinf(value) else value
 
 
-def non_finite_error(raw: bytes | str, found: NonFinite) -> APIError:
+def non_finite_error(raw: str, found: NonFinite) -> APIError:
     """The 400 for a body whose decode met ``found``: decoded again, marking such numbers,
     to name the first one's place (the error path only)."""
     body = json.loads(raw, parse_float=_mark_large, parse_constant=_mark)
@@ -82,7 +82,7 @@ def non_finite_error(raw: bytes | str, found: NonFinite) -> APIError:
 def check_surrogates(raw: bytes, body: Any) -> None:
     """A 400 naming the first string (value or key) of ``body`` that holds a lone UTF-16
     surrogate; strings are walked only when ``raw`` escapes a surrogate at all."""
-    if _SURROGATE_ESCAPE.search(raw) is None and b"\xed" not in raw:
+    if _SURROGATE_ESCAPE.search(raw) is None:
         return
     path = _first(body, lambda value: isinstance(value, str) and bool(_SURROGATE.search(value)))
     if path is None:

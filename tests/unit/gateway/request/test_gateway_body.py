@@ -97,3 +97,59 @@ def test_through_the_gateway_a_400_nothing_forwarded_nothing_logged_as_an_error(
     assert error["param"] == param and error["type"] == "invalid_request_error"
     assert stub.requests == []
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+# --- encodings (item 9) -----------------------------------------------------------------------
+
+# U+4E22 is 22 4E in UTF-16-LE: a quote byte that flipped the byte-level nesting bound.
+DEEP_UTF16 = ('{"a": "\u4e22", "b": ' + "[" * 200 + "]" * 200 + "}").encode("utf-16-le")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        DEEP_UTF16,
+        ('{"a": "\u4e22", "b": ' + "[" * 2000 + "]" * 2000 + "}").encode("utf-16-le"),
+        '{"messages": [{"role": "user", "content": "hi"}]}'.encode("utf-16"),  # with its BOM
+        '{"messages": [{"role": "user", "content": "hi"}]}'.encode("utf-16-be"),
+        '{"prompt": "hi"}'.encode("utf-32"),
+        b'{"prompt": "\xed\xa0\x80"}',  # a surrogate's bytes (Python's decoder passed them)
+        b'{"prompt": "\xc0\xaf"}',  # an overlong encoding
+        b'{"prompt": "caf\xe9"}',  # Latin-1
+    ],
+    ids=[
+        "utf-16 deep",
+        "utf-16 deeper",
+        "utf-16",
+        "utf-16-be",
+        "utf-32",
+        "surrogate bytes",
+        "overlong",
+        "latin-1",
+    ],
+)
+def test_bodies_not_in_utf8_are_refused(raw: bytes) -> None:
+    with pytest.raises(APIError) as caught:
+        parse_json_object(raw)
+    assert caught.value.status == 400
+    assert "not UTF-8" in caught.value.message
+    assert "\n" not in caught.value.message
+
+
+def test_a_utf8_byte_order_mark_is_ignored() -> None:
+    assert parse_json_object(b'\xef\xbb\xbf{"prompt": "\xe4\xb8\xa2"}') == {"prompt": "\u4e22"}
+
+
+def test_utf16_nesting_reaches_neither_tier_nor_traceback(
+    stub: Any, start_gateway: Any, client: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    gateway = start_gateway(stub.url)
+    for depth in (200, 970, 3000):
+        raw = ('{"prompt": "\u4e22", "x": ' + "[" * depth + "]" * depth + "}").encode("utf-16-le")
+        response = client.post(
+            f"{gateway}/v1/completions", content=raw, headers={"content-type": "application/json"}
+        )
+        assert response.status_code == 400, (depth, response.text)
+        assert "not UTF-8" in response.json()["error"]["message"]
+    assert stub.requests == []
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
