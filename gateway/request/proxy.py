@@ -91,7 +91,7 @@ async def _relay_completion(request: Request, path: str) -> Response:
         with _current(exchange):
             # The whole body first: a client sending it slowly holds no in-flight slot.
             raw = await read_body(request, config.max_body_bytes, config.body_timeout)
-            body = check_model(parse_json_object(raw), config.model_name)
+            body = check_model(parse_json_object(raw, config.max_body_values), config.model_name)
             if not runtime.admission.enter():
                 limit = runtime.admission.limit
                 raise APIError(

@@ -3,14 +3,16 @@ body_values.py): each a 400 in OpenAI's shape naming where, nothing forwarded, n
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
 import httpx
 import pytest
 
+from gateway.config import GatewayConfig, TierEndpoint
 from gateway.errors import APIError
-from gateway.request.body import parse_json_object
+from gateway.request.body import parse_json_object, values_over
 
 CHAT = b'{"messages": [{"role": "user", "content": "hi"}]%s}'
 
@@ -153,3 +155,60 @@ def test_utf16_nesting_reaches_neither_tier_nor_traceback(
         assert "not UTF-8" in response.json()["error"]["message"]
     assert stub.requests == []
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+# --- values (item 10) -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "count"),
+    [
+        ({}, 1),
+        ({"a": 1}, 3),
+        ({"a": [1, 2, {}], "b": "x,:[{", "c": [[], {}, [[]], ""]}, 15),
+        ({"m": [{"role": "user", "content": 'a, b: [c] {d} \\" e'}]}, 8),
+        ([[], [[]], {"": ""}], 7),
+    ],
+)
+def test_values_are_counted_from_the_bytes(value: Any, count: int) -> None:
+    for raw in (json.dumps(value), json.dumps(value, indent="\t")):
+        assert values_over(raw.encode(), count - 1) == count
+        assert values_over(raw.encode(), count) is None
+
+
+def test_a_body_of_more_values_than_allowed_is_refused_before_decoding() -> None:
+    body = b'{"prompt": "x", "x": [' + b"{}," * 333_000 + b"{}]}"  # ~1 MB: ~24 MB decoded
+    with pytest.raises(APIError) as caught:
+        parse_json_object(body)
+    assert caught.value.status == 400 and caught.value.code == "request_too_large"
+    assert "333,006 JSON values" in caught.value.message and "65,536" in caught.value.message
+    at_the_limit = b'{"x": [' + b"0," * 65_532 + b"0]}"  # the body, a key, a list, 65,533 zeros
+    assert values_over(at_the_limit, 65_536) is None
+    assert len(parse_json_object(at_the_limit)["x"]) == 65_533
+    with pytest.raises(APIError):
+        parse_json_object(at_the_limit.replace(b"[0,", b"[0,0,"))
+
+
+def test_ordinary_large_bodies_stay_under_the_default() -> None:
+    long_text = json.dumps({"messages": [{"role": "user", "content": "a, b: [c] " * 90_000}]})
+    token_ids = json.dumps(
+        {"prompt": [list(range(2048))] * 4, "logit_bias": {str(i): 1 for i in range(300)}}
+    )
+    assert parse_json_object(long_text.encode()) and parse_json_object(token_ids.encode())
+
+
+def test_through_the_gateway_max_body_values_is_a_400(
+    stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    gateway = start_gateway(stub.url, max_body_values=100)
+    url = f"{gateway}/v1/completions"
+    over = client.post(url, json={"prompt": "x", "stop": ["a"] * 98})  # 1 + 2 keys + 1 + 98
+    assert over.status_code == 400, over.text
+    assert over.json()["error"]["code"] == "request_too_large"
+    assert stub.requests == []
+    assert client.post(url, json={"prompt": "x", "stop": ["a"] * 95}).status_code == 200
+
+
+def test_max_body_values_defaults_to_65536() -> None:
+    config = GatewayConfig(model_name="m", tiers=[TierEndpoint(name="t", base_url="http://x:1")])
+    assert config.max_body_values == 65_536
