@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from typing import Any
 
 import httpx
@@ -212,3 +213,34 @@ def test_through_the_gateway_max_body_values_is_a_400(
 def test_max_body_values_defaults_to_65536() -> None:
     config = GatewayConfig(model_name="m", tiers=[TierEndpoint(name="t", base_url="http://x:1")])
     assert config.max_body_values == 65_536
+
+
+def _decoded_values(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + sum(1 + _decoded_values(v) for v in value.values())
+    if isinstance(value, list):
+        return 1 + sum(_decoded_values(v) for v in value)
+    return 1
+
+
+def test_the_count_from_bytes_is_the_decoded_count_and_at_most_half_the_bytes() -> None:
+    rng = random.Random(35)
+    leaves = [0, -1.5e3, "", ' ,:[]{}"\\', "\\", True, None, 'x"', "\u4e22"]
+
+    def value(depth: int) -> Any:
+        roll = rng.random()
+        if depth > 4 or roll < 0.4:
+            return rng.choice(leaves)
+        if roll < 0.7:
+            return [value(depth + 1) for _ in range(rng.randint(0, 4))]
+        keys = ["a", "[", '\\"', ",:", "k"]
+        return {f"{rng.choice(keys)}{i}": value(depth + 1) for i in range(rng.randint(0, 4))}
+
+    for _ in range(500):
+        body = value(0)
+        indent = rng.choice([None, 1, "\t"])
+        raw = json.dumps(body, indent=indent, ensure_ascii=rng.random() < 0.5).encode()
+        count = _decoded_values(body)
+        assert values_over(raw, 0) == count, raw
+        assert values_over(raw, count) is None
+        assert count <= 1 + len(raw) / 2  # why bodies up to 2 x (limit - 1) bytes skip the count
