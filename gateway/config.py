@@ -158,6 +158,11 @@ class GatewayConfig(BaseModel):
     connect_timeout: float = Field(default=5.0, gt=0)
     read_timeout: float = Field(default=600.0, gt=0)
     max_body_bytes: int = Field(default=1_000_000, gt=0)
+    # JSON values a completion request's body may hold (objects, arrays, strings, numbers,
+    # literals, keys), counted from its bytes before decoding: past it 400 request_too_large.
+    # Decoded, a value takes up to ~70 bytes (a body of `{},` is ~24x its bytes), so this bounds
+    # a body in flight to ~5 MB of objects besides its bytes.
+    max_body_values: int = Field(default=65_536, gt=0)
     # Seconds a client may take to send a completion request's whole body (past it: 408 and
     # the connection closed). The body is read before the request takes an in-flight slot.
     body_timeout: float = Field(default=30.0, gt=0)

@@ -57,6 +57,7 @@ MODES = {"positive": GenerationMode.POSITIVE, "negative": GenerationMode.NEGATIV
 ALLOWED_FOR_VALID = {
     (400, "context_length_exceeded"),  # prompt over limits.max_input_tokens (1536)
     (413, "request_too_large"),  # body over max_body_bytes (1 MB)
+    (400, "request_too_large"),  # body over max_body_values (65,536 JSON values)
 }
 
 

@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 
 from gateway.policy.schema import LimitsPolicy
 from gateway.request.classify import content_texts
+from gateway.request.prompt_text import role_text
 
 
 def byte_level(tokenizer: Tokenizer) -> bool:
@@ -50,10 +51,13 @@ def byte_level(tokenizer: Tokenizer) -> bool:
 
 def message_texts(message: Mapping[str, Any]) -> list[str]:
     """The texts of a chat message that are counted: its content (parts joined with newlines,
-    as vLLM joins them) and its tool calls' function names and arguments."""
+    as vLLM joins them), a role no template knows (rendered verbatim: the known roles are in
+    the template's overheads) and its tool calls' function names and arguments."""
     texts = content_texts(message.get("content"))
     if len(texts) > 1:
         texts = ["\n".join(texts)]
+    if role := role_text(message):
+        texts.append(role)
     calls = message.get("tool_calls")
     if isinstance(calls, list):
         for call in calls:

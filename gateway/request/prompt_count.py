@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from gateway.errors import INVALID_REQUEST, APIError
-from gateway.request.classify import content_texts
+from gateway.request.prompt_bound import message_texts
 
 CHAT = "/v1/chat/completions"
 
@@ -54,7 +54,7 @@ class ByteCounter:
     def count_chat(self, messages: Sequence[Mapping[str, Any]], *, limit: int | None = None) -> int:
         total = 0
         for message in messages:
-            texts = content_texts(message.get("content"))
+            texts = message_texts(message)
             total += sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) + 16
             if limit is not None and total > limit:
                 break

@@ -19,7 +19,8 @@ class Parts:
 
 
 def request_parts(body: Mapping[str, Any], max_turns: int | None = None) -> Parts:
-    """The texts of a chat (system and user messages; assistant and tool messages are the
+    """The texts of a chat (system and user messages, and messages of a role no template
+    knows, with that role's text: vLLM renders it; assistant and tool messages are the
     model's own words and do not count) or of a completions request (each prompt string).
     With ``max_turns``, a chat is read from its end up to that many user messages (and its
     leading system messages, as many), so a long conversation costs no more than a short one."""
@@ -37,8 +38,11 @@ def request_parts(body: Mapping[str, Any], max_turns: int | None = None) -> Part
         for message in reversed(messages):
             if len(turns) >= limit:
                 break
-            if isinstance(message, Mapping) and message.get("role") == "user":
-                text = "\n\n".join(content_texts(message.get("content")))
+            if not isinstance(message, Mapping):
+                continue
+            other = role_text(message)
+            if other or message.get("role") == "user":
+                text = "\n\n".join(t for t in (other, *content_texts(message.get("content"))) if t)
                 if text:
                     turns.append(text)
         return Parts(tuple(system), tuple(reversed(turns)), (), chat=True)
@@ -102,9 +106,10 @@ def _gather(items: Sequence[object], start: int, head: int, tail: int) -> str:
 def request_text(body: Mapping[str, Any]) -> str:
     """The text to classify: chat ``messages`` contents or the completions ``prompt``.
 
-    Chat: every message's ``content`` (a string, or a list of parts whose ``text`` parts count),
-    joined by blank lines. Completions: the prompt string, or a list of strings joined by blank
-    lines; token-id prompts have no text and give ``""``.
+    Chat: every message's ``content`` (a string, or a list of parts whose text parts count:
+    ``content_texts``) and a role no template knows, joined by blank lines. Completions: the
+    prompt string, or a list of strings joined by blank lines; token-id prompts have no text
+    and give ``""``.
     """
     messages = body.get("messages")
     if isinstance(messages, list):
@@ -112,7 +117,8 @@ def request_text(body: Mapping[str, Any]) -> str:
             text
             for message in messages
             if isinstance(message, Mapping)
-            for text in content_texts(message.get("content"))
+            for text in (role_text(message), *content_texts(message.get("content")))
+            if text
         )
     prompt = body.get("prompt")
     if isinstance(prompt, str):
@@ -123,7 +129,11 @@ def request_text(body: Mapping[str, Any]) -> str:
 
 
 def content_texts(content: object) -> list[str]:
-    """The text pieces of one message's ``content`` (a string or OpenAI content parts)."""
+    """The text pieces of one message's ``content``, as vLLM's chat renderer reads them
+    (vllm/renderers/chat_utils.py, 0.32: ``MM_PARSER_MAP``): a string, or a list of parts
+    whose text parts (``TEXT_PARTS``: ``text``, ``input_text``, ``output_text``, ``thinking``,
+    ``refusal``, and a ``tool_reference``'s name) it renders verbatim; a part without a
+    ``type`` counts as text (vLLM refuses it: counting it cannot let a long prompt through)."""
     if isinstance(content, str):
         return [content] if content else []
     texts: list[str] = []
@@ -131,8 +141,30 @@ def content_texts(content: object) -> list[str]:
         for part in content:
             if isinstance(part, str) and part:
                 texts.append(part)
-            elif isinstance(part, Mapping) and part.get("type", "text") == "text":
-                text = part.get("text")
+            elif isinstance(part, Mapping):
+                field = TEXT_PARTS.get(part.get("type", "text"))
+                text = part.get(field) if field is not None else None
                 if isinstance(text, str) and text:
                     texts.append(text)
     return texts
+
+
+# A content part's type -> the field holding the text vLLM renders into the prompt.
+TEXT_PARTS: Mapping[object, str] = {
+    "text": "text",
+    "input_text": "text",
+    "output_text": "text",
+    "thinking": "thinking",
+    "refusal": "refusal",
+    "tool_reference": "name",
+}
+# The roles chat templates know: any other role string is rendered verbatim into the prompt
+# (counted as text) and its message is the client's words (classified as a user turn).
+KNOWN_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+def role_text(message: Mapping[str, Any]) -> str:
+    """A message's role when it is not one of ``KNOWN_ROLES`` (its text is in the prompt);
+    ``""`` otherwise."""
+    role = message.get("role")
+    return role if isinstance(role, str) and role not in KNOWN_ROLES else ""

@@ -93,7 +93,7 @@ async def _relay_completion(request: Request, path: str) -> Response:
         with _current(exchange):
             # The whole body first: a client sending it slowly holds no in-flight slot.
             raw = await read_body(request, config.max_body_bytes, config.body_timeout)
-            body = check_model(parse_json_object(raw), config.model_name)
+            body = check_model(parse_json_object(raw, config.max_body_values), config.model_name)
             policy = runtime.policies.active.policy
             key_digest = request.scope.get("state", {}).get(KEY_DIGEST)
             screen_fields(body, path, policy.fields, policy.limits, key_digest)
