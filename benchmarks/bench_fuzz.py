@@ -64,7 +64,10 @@ def report(tally: Tally, tokenizer: Path, examples: int, seed: int | None) -> st
         lines.append(
             f"| {mode} | {part['cases']:,} | {statuses} | {codes} | {part['reached_a_tier']:,} |"
         )
+    shapes = ", ".join(f"{k}: {n:,}" for k, n in summary["shapes"].items()) or "-"
     lines += [
+        "",
+        f"derived shapes (tests/fuzz_shapes.py; shape status: count): {shapes}",
         "",
         f"5xx: {summary['server_errors']}; findings: {summary['findings']}; "
         f"{summary['seconds']:.0f} s ({summary['cases'] / max(summary['seconds'], 1e-9):.0f} "

@@ -41,6 +41,7 @@ from model_optimizer.envs import cache_root
 from model_optimizer.models import materialize
 from model_optimizer.stack import gateway_config, spec_tiers
 from model_optimizer.tier_setup import DEFAULT_SPEC, UpOptions
+from tests.fuzz_shapes import derive
 from tests.servers import ServerThread
 from tests.stub_tier import StubTier
 
@@ -52,6 +53,7 @@ OPERATIONS = (
     ("/v1/models", "GET"),
 )
 MODES = {"positive": GenerationMode.POSITIVE, "negative": GenerationMode.NEGATIVE}
+SHAPE_EVERY = 3  # every third valid case also sends the shapes derived from it (fuzz_shapes)
 # The 4xx a request valid by the document may get, with the `code` that says why (over a
 # limit of the policy or the body limit); anything else is a finding.
 ALLOWED_FOR_VALID = {
@@ -119,14 +121,17 @@ class Tally:
     codes: dict[str, Counter[str]] = field(default_factory=dict)  # "<status> <error code>"
     forwarded: Counter[str] = field(default_factory=Counter)  # cases a stub tier received
     findings: list[str] = field(default_factory=list)
+    shapes: Counter[str] = field(default_factory=Counter)  # "<shape> <status>"
     seconds: float = 0.0
 
     def cases(self, mode: str | None = None) -> int:
         modes = [mode] if mode else list(self.statuses)
-        return sum(sum(self.statuses.get(m, Counter()).values()) for m in modes)
+        shaped = sum(self.shapes.values()) if mode is None else 0
+        return shaped + sum(sum(self.statuses.get(m, Counter()).values()) for m in modes)
 
     def server_errors(self) -> int:
-        return sum(n for c in self.statuses.values() for s, n in c.items() if s >= 500)
+        shaped = sum(n for k, n in self.shapes.items() if int(k.rsplit(" ", 1)[1]) >= 500)
+        return shaped + sum(n for c in self.statuses.values() for s, n in c.items() if s >= 500)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -143,6 +148,7 @@ class Tally:
                 }
                 for mode in self.statuses
             },
+            "shapes": dict(sorted(self.shapes.items())),
         }
 
 
@@ -203,14 +209,12 @@ def _sender(
 ) -> Callable[[Any], None]:
     statuses = tally.statuses.setdefault(mode, Counter())
     codes = tally.codes.setdefault(mode, Counter())
+    sent = [0]
 
     def send(case: Any) -> None:
         before = sum(len(s.requests) for s in stubs)
         response = case.call(base_url=gateway, timeout=30)
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
+        body = _json(response)
         statuses[response.status_code] += 1
         error = body.get("error") if isinstance(body, dict) else None
         if isinstance(error, dict):
@@ -220,5 +224,36 @@ def _sender(
         finding = judge(mode, response.status_code, body)
         if finding:
             tally.findings.append(f"{mode} {what}: {finding}; sent {repr(case.body)[:300]}")
+        sent[0] += 1
+        if mode == "positive" and sent[0] % SHAPE_EVERY == 1:
+            _send_shapes(tally, gateway, stubs, case, sent[0] // SHAPE_EVERY)
 
     return send
+
+
+def _json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def _send_shapes(tally: Tally, gateway: str, stubs: list[StubTier], case: Any, index: int) -> None:
+    """The shapes derived from the valid ``case`` (tests/fuzz_shapes.py), each judged as what
+    it must be: "refused" as a negative case that must not reach a tier, "valid" as a
+    positive one."""
+    headers = {k: v for k, v in (case.headers or {}).items() if k.lower() != "content-length"}
+    headers["content-type"] = "application/json"
+    url = f"{gateway}{case.operation.path}"
+    with httpx.Client(trust_env=False, timeout=30) as client:
+        for shape in derive(case.operation.path, case.body, index):
+            before = sum(len(s.requests) for s in stubs)
+            response = client.post(url, content=shape.content, headers=headers)
+            tally.shapes[f"{shape.name} {response.status_code}"] += 1
+            mode = "negative" if shape.expect == "refused" else "positive"
+            finding = judge(mode, response.status_code, _json(response))
+            if shape.expect == "refused" and sum(len(s.requests) for s in stubs) > before:
+                finding = finding or "reached a tier"
+            if finding:
+                sent = shape.content[:200]
+                tally.findings.append(f"shape {shape.name}: {finding}; sent {sent!r}")

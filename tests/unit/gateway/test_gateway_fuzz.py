@@ -98,6 +98,9 @@ def test_schemathesis_on_the_shipped_gateway(shipped: tuple[str, list[StubTier]]
     assert negative["reached_a_tier"] == 0  # refused by the gateway itself, never forwarded
     assert positive["statuses"].get(200, 0) >= positive["cases"] // 2
     assert positive["reached_a_tier"] >= positive["cases"] // 2
+    # The shapes schemathesis cannot write (tests/fuzz_shapes.py), each sent and judged.
+    shaped = {key.split()[0] for key in summary["shapes"]}
+    assert shaped == {"utf16", "utf16le", "utf32", "nonfinite", "extension", "surrogate", "parts"}
     with httpx.Client(trust_env=False, timeout=30) as client:
         assert client.get(f"{url}/healthz").status_code == 200  # the process lives on
 
