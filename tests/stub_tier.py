@@ -32,7 +32,9 @@ class StubTier:
     connection drops); ``error_event`` (two chunks, then an error event and ``[DONE]``, as vLLM
     ends a stream whose engine failed); ``unavailable`` (503); ``hang`` (no answer until the
     client leaves);
-    ``bad_request`` (400 in vLLM's flat error shape). ``whole_delay``: seconds a whole
+    ``bad_request`` (400 in vLLM's flat error shape); ``cut`` (two chunks, then the stream
+    ends cleanly: no finish_reason, no ``[DONE]``); ``no_done`` (the whole stream but its
+    ``[DONE]``). ``whole_delay``: seconds a whole
     (non-streamed) answer takes, as vLLM sends nothing until it is complete.
     """
 
@@ -162,6 +164,8 @@ class StubTier:
                     await asyncio.sleep(0.05)
                 if self.mode == "die" and index == 2:
                     raise StubDied("stub tier dropped the connection")
+                if self.mode == "cut" and index == 2:
+                    return
                 if self.mode == "error_event" and index == 2:
                     error = {"message": "engine died", "type": "Error", "code": self.error_code}
                     yield f"data: {json.dumps({'error': error})}\n\ndata: [DONE]\n\n".encode()
@@ -177,7 +181,8 @@ class StubTier:
                     "usage": tokens,
                 }
                 yield f"data: {json.dumps(event)}\n\n".encode()
-            yield b"data: [DONE]\n\n"
+            if self.mode != "no_done":
+                yield b"data: [DONE]\n\n"
             self.stream_finished.set()
         except (GeneratorExit, asyncio.CancelledError):
             self.cancelled_at = time.monotonic()

@@ -28,10 +28,11 @@ from starlette.types import Receive, Scope, Send
 from gateway.config import TierEndpoint
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError, error_body, sse_error_event
 from gateway.request.chain import NO_SERVER, open_chain
+from gateway.request.continuation import CUT, ends_answer
 from gateway.request.exchange import Exchange, SSECounter
 from gateway.request.resumable import relay_resumable
 from gateway.request.stream_usage import without_usage
-from gateway.request.upstream import Upstream, aclose_quietly
+from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly
 
 if TYPE_CHECKING:
     from gateway.request.resume import Resumer
@@ -41,6 +42,7 @@ __all__ = ["NO_SERVER", "UpstreamStreamingResponse", "open_chain", "relay_sse", 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+_EDGE = 32  # bytes of the previous chunk kept to find an end marker split across two
 
 
 def normalise_error(
@@ -125,8 +127,10 @@ async def relay_sse(
     on_first_byte: Callable[[], None] | None = None,
     full: bool = True,
 ) -> AsyncGenerator[bytes, None]:
-    """Yield upstream bytes as they arrive; a failure mid-stream ends with an SSE error event."""
+    """Yield upstream bytes as they arrive; a failure mid-stream ends with an SSE error event,
+    as does a stream that closes with neither a finish_reason nor ``[DONE]`` (cut mid-answer)."""
     tail = b"\n\n"
+    ended = False  # a finish_reason or [DONE] went by (looked for across chunk edges too)
     try:
         async with aclosing(upstream.iter_raw(tier, response)) as chunks:
             async for chunk in chunks:
@@ -136,14 +140,19 @@ async def relay_sse(
                         on_first_byte = None
                     if counter is not None:
                         counter.feed(chunk)
-                    tail = (tail + chunk)[-2:]
+                    if not ended:
+                        ended = ends_answer(chunk) or ends_answer(tail + chunk[:_EDGE])
+                    tail = (tail + chunk[-_EDGE:])[-_EDGE:]
                     yield chunk
+        if not ended:
+            logger.warning("tier %s: %s", tier.name, CUT)
+            raise UpstreamFailed(tier.name, CUT)
         if counter is not None:
             counter.completed = True
     except APIError as exc:
         if counter is not None:
             counter.failure = exc.status
-        separator = b"" if tail == b"\n\n" else b"\n\n"
+        separator = b"" if tail.endswith(b"\n\n") else b"\n\n"
         yield separator + sse_error_event(exc, full)
     finally:
         await aclose_quietly(response)

@@ -7,12 +7,15 @@ connection breaks, or it sends an error event of its own, as vLLM does when its 
 or a watched tier's text degenerates (gateway/request/stream_watch.py), the failed response
 is closed first (the tier stops generating), then the ``Resumer`` (gateway/request/resume.py)
 opens the continuation on the next endpoint or tier, whose events are rewritten into the same
-answer (gateway/request/continuation.py). With nothing left to continue on, the stream ends as the
-plain relay ends it: what was held back, then one SSE error event.
+answer (gateway/request/continuation.py). A tier stream that closes cleanly with neither a
+finish_reason nor ``[DONE]`` was cut mid-answer and fails the same way; one with a finish_reason
+but no ``[DONE]`` is finished, and the client gets the ``[DONE]``. With nothing left to continue
+on, the stream ends as the plain relay ends it: what was held back, then one SSE error event.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING
@@ -21,7 +24,14 @@ import httpx
 
 from gateway.config import TierEndpoint
 from gateway.errors import APIError, sse_error_event
-from gateway.request.continuation import DONE, SentEvents, complete_events, split_error
+from gateway.request.continuation import (
+    CUT,
+    DONE,
+    SentEvents,
+    complete_events,
+    ends_answer,
+    split_error,
+)
 from gateway.request.exchange import SSECounter
 from gateway.request.prompt_count import CHAT
 from gateway.request.stream_watch import Degenerated, StreamWatch
@@ -29,6 +39,9 @@ from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly
 
 if TYPE_CHECKING:
     from gateway.request.resume import Resumer
+
+
+logger = logging.getLogger(__name__)
 
 
 async def relay_resumable(
@@ -48,6 +61,7 @@ async def relay_resumable(
     while True:
         watch = resumer.watch if resumer.watches(tier) else None
         pending = b""
+        ended = False  # this tier said its answer ended (a finish_reason or [DONE])
         try:
             if preface:  # in the try: a client leaving here still closes the new response
                 yield preface
@@ -60,6 +74,7 @@ async def relay_resumable(
                         on_first_byte = None
                     events, pending = complete_events(pending + chunk)
                     events, failure = split_error(events)
+                    ended = ended or (bool(events) and ends_answer(events))
                     if rewrite is not None:
                         events = rewrite(events)
                     if watch is not None:
@@ -77,12 +92,16 @@ async def relay_resumable(
                     if watch is not None and watch.verdict is not None:
                         resumer.watched(tier, degenerated=True)
                         raise Degenerated(tier.name, watch.verdict)
+            if not (ended or ends_answer(pending)):  # closed mid-answer: a failure, not a 200
+                logger.warning("tier %s: %s", tier.name, CUT)
+                raise UpstreamFailed(tier.name, CUT)
             if watch is not None:
                 resumer.watched(tier, degenerated=False)
             rest = (watch.flush() if watch is not None else b"") + (pending if not rewrite else b"")
-            if rest:  # held text, and what followed the last event boundary
-                counter.feed(rest)
-                yield rest
+            if not (sent.done or b"[DONE]" in rest):  # finished, only [DONE] missing: add it
+                rest += (b"" if not rest or rest.endswith(b"\n\n") else b"\n\n") + DONE
+            counter.feed(rest)  # held text, what followed the last event boundary, [DONE]
+            yield rest
             counter.completed = True
             return
         except APIError as exc:
