@@ -32,7 +32,8 @@ class StubTier:
     connection drops); ``error_event`` (two chunks, then an error event and ``[DONE]``, as vLLM
     ends a stream whose engine failed); ``unavailable`` (503); ``hang`` (no answer until the
     client leaves);
-    ``bad_request`` (400 in vLLM's flat error shape); ``cut`` (two chunks, then the stream
+    ``bad_request`` (400 in vLLM's flat error shape); ``server_error`` (500 in that shape, as
+    vLLM answers an exception: ``error_message`` is its text); ``cut`` (two chunks, then the stream
     ends cleanly: no finish_reason, no ``[DONE]``); ``no_done`` (the whole stream but its
     ``[DONE]``). ``whole_delay``: seconds a whole
     (non-streamed) answer takes, as vLLM sends nothing until it is complete.
@@ -50,6 +51,7 @@ class StubTier:
         self.answer_id = "cmpl-stub"  # the id and creation time of its answers
         self.created = 1
         self.error_code = 500  # the code of its error event (mode error_event)
+        self.error_message = "engine died"  # the message of its error event, its 500's text
         self.role_chunk = False  # a chat stream opens with a role-only delta, as vLLM's does
         self.stream_texts: list[str] | None = None  # a stream's chunks' texts (else w0, w1, ...)
         self.stream_logprobs: list[float] | None = None  # each chat chunk's token logprob
@@ -96,6 +98,9 @@ class StubTier:
         if self.mode == "bad_request":
             flat = {"object": "error", "message": "bad max_tokens", "type": "BadRequestError"}
             return JSONResponse({**flat, "param": "max_tokens", "code": 400}, status_code=400)
+        if self.mode == "server_error":
+            flat = {"object": "error", "message": self.error_message, "type": "InternalError"}
+            return JSONResponse({**flat, "param": None, "code": 500}, status_code=500)
         if self.mode == "hang":
             with anyio.move_on_after(WAIT):
                 while (await request.receive())["type"] != "http.disconnect":
@@ -167,7 +172,11 @@ class StubTier:
                 if self.mode == "cut" and index == 2:
                     return
                 if self.mode == "error_event" and index == 2:
-                    error = {"message": "engine died", "type": "Error", "code": self.error_code}
+                    error = {
+                        "message": self.error_message,
+                        "type": "Error",
+                        "code": self.error_code,
+                    }
                     yield f"data: {json.dumps({'error': error})}\n\ndata: [DONE]\n\n".encode()
                     return
                 yield self._chunk(chat, index, last=False)

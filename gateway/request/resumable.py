@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING
 import httpx
 
 from gateway.config import TierEndpoint
-from gateway.errors import APIError, sse_error_event
+from gateway.errors import APIError, sse_error_event, tier_error
 from gateway.request.continuation import (
     CUT,
     DONE,
     SentEvents,
+    TierError,
     complete_events,
     ends_answer,
     split_error,
@@ -84,7 +85,8 @@ async def relay_resumable(
                         counter.feed(events)
                         yield events
                     if failure is not None and failure.request_error:  # not continued
-                        yield _ended(watch, counter, failure.status) + failure.event + DONE
+                        held = _ended(watch, counter, failure.status)
+                        yield held + tier_error_event(tier, failure, full)
                         return
                     if failure is not None:
                         message = f"it sent an error event: {failure.message}"
@@ -132,3 +134,13 @@ def _ended(watch: StreamWatch | None, counter: SSECounter, status: int | None) -
     counter.feed(held)
     counter.failure = status
     return held
+
+
+def tier_error_event(tier: TierEndpoint, failure: TierError, full: bool) -> bytes:
+    """A tier's own error event ending a stream, then ``[DONE]``: as the tier sent it with
+    ``full`` detail, otherwise the gateway's error for it (gateway/errors.py ``tier_error``;
+    the tier's text is logged, info)."""
+    if full:
+        return failure.event + DONE
+    logger.info("tier %s sent an error event: %s", tier.name, failure.message)
+    return sse_error_event(tier_error(failure.status or 502, failure.message), full=False)
