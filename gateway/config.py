@@ -158,6 +158,11 @@ class GatewayConfig(BaseModel):
     connect_timeout: float = Field(default=5.0, gt=0)
     read_timeout: float = Field(default=600.0, gt=0)
     max_body_bytes: int = Field(default=1_000_000, gt=0)
+    # Bytes the gateway holds of one tier answer at once: a whole answer (read whole to be
+    # relayed), one SSE event of a stream. Past it the tier failed (502 answer_too_large, or
+    # the stream's error event). 64 MiB: the policy's largest answers (n 4 x 4,000 tokens x
+    # top_logprobs 20, ~20 MB) fit.
+    max_answer_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     # Seconds a client may take to send a completion request's whole body (past it: 408 and
     # the connection closed). The body is read before the request takes an in-flight slot.
     body_timeout: float = Field(default=30.0, gt=0)

@@ -45,6 +45,7 @@ class StubTier:
         self.health_status = 200
         self.chunks = 3
         self.whole_delay = 0.0
+        self.whole_body: Any = None  # a whole answer's JSON when set (else a chat completion)
         self.metrics_text: str | None = None  # served at /metrics when set (else 404)
         self.answer_text = "The capital of France is Paris."  # chat answers
         self.completion_text = " Paris."  # completions answers
@@ -111,7 +112,7 @@ class StubTier:
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(self._stream(chat, usage), media_type="text/event-stream")
         await asyncio.sleep(self.whole_delay)
-        return JSONResponse(self._whole(chat))
+        return JSONResponse(self._whole(chat) if self.whole_body is None else self.whole_body)
 
     def _whole(self, chat: bool) -> dict[str, Any]:
         usage = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}

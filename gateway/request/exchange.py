@@ -317,16 +317,3 @@ class SSECounter:
     def tokens(self) -> int:
         """Usage's completion tokens if seen, else one per event but the final (empty) one."""
         return self.usage_tokens if self.usage_tokens is not None else max(self.events - 1, 0)
-
-
-def usage_tokens(raw: bytes) -> tuple[int | None, int | None]:
-    """(prompt, completion) tokens from a whole JSON answer's ``usage``, when it has one."""
-    try:
-        usage = json.loads(raw).get("usage") or {}
-    except (ValueError, AttributeError):
-        return None, None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    return (
-        prompt if isinstance(prompt, int) else None,
-        completion if isinstance(completion, int) else None,
-    )

@@ -26,6 +26,7 @@ from gateway.control.live_guard import GuardSettings
 from gateway.control.shadow import ShadowJob
 from gateway.errors import DETAIL, FULL_DETAIL, SERVER_ERROR, APIError, full_detail
 from gateway.policy.schema import RoutingPolicy
+from gateway.request.answer_usage import MalformedAnswer, answer_usage
 from gateway.request.assemble import as_stream, assemblable
 from gateway.request.body import (
     MAX_JSON_DEPTH,
@@ -38,13 +39,13 @@ from gateway.request.body import (
 from gateway.request.chain import NO_SERVER, Asked, open_chain
 from gateway.request.continuation import unresumable
 from gateway.request.endpoint_choice import Saturation, endpoint_id, session_key
-from gateway.request.exchange import Exchange, usage_tokens
+from gateway.request.exchange import Exchange
 from gateway.request.plan import assess, plan_route, route_headers
 from gateway.request.prompt_count import count_prompt
 from gateway.request.relay import UpstreamStreamingResponse, unless_client_leaves, whole_response
 from gateway.request.resume import stream_resumer
 from gateway.request.stream_usage import asking_usage
-from gateway.request.upstream import aclose_quietly
+from gateway.request.upstream import UpstreamFailed, aclose_quietly
 from gateway.request.whole import assembled_answer
 from gateway.runtime import Runtime, get_runtime
 from gateway.telemetry import inject_trace_headers
@@ -204,8 +205,19 @@ async def _completion(
                 usage_asked=usage_asked,
             )  # fmt: skip
             return stream, shadow
-        raw = await runtime.upstream.read(tier, response)
-        prompt_tokens, exchange.output_tokens = usage_tokens(raw)
+        try:
+            raw = await runtime.upstream.read(tier, response, config.max_answer_bytes)
+            prompt_tokens, exchange.output_tokens = (
+                answer_usage(raw) if response.status_code == 200 else (None, None)
+            )
+        except MalformedAnswer as exc:
+            failed = UpstreamFailed(tier.name, f"its answer is malformed: {exc}")
+            logger.warning("%s", failed.message)
+            failed.headers.update(answer_headers)
+            raise failed from exc
+        except APIError as exc:
+            exc.headers.update(answer_headers)
+            raise
         if prompt_tokens:  # the tier's own count: nothing left to count
             exchange.input_tokens, exchange.count_input = prompt_tokens, None
         exchange.set_outcome(response.status_code)
