@@ -35,8 +35,9 @@ class StubTier:
     ``bad_request`` (400 in vLLM's flat error shape); ``server_error`` (500 in that shape, as
     vLLM answers an exception: ``error_message`` is its text); ``cut`` (two chunks, then the stream
     ends cleanly: no finish_reason, no ``[DONE]``); ``no_done`` (the whole stream but its
-    ``[DONE]``). ``whole_delay``: seconds a whole
-    (non-streamed) answer takes, as vLLM sends nothing until it is complete.
+    ``[DONE]``); ``huge_event`` (two chunks, then one 64 KiB event with no boundary).
+    ``whole_delay``: seconds a whole (non-streamed) answer takes, as vLLM sends nothing until
+    it is complete.
     """
 
     def __init__(self, model: str = MODEL) -> None:
@@ -171,6 +172,11 @@ class StubTier:
                 if self.mode == "die" and index == 2:
                     raise StubDied("stub tier dropped the connection")
                 if self.mode == "cut" and index == 2:
+                    return
+                if self.mode == "huge_event" and index == 2:  # one event that never ends
+                    yield b'data: {"choices": [{"index": 0, "delta": {"content": "'
+                    for _ in range(64):
+                        yield b"x" * 1024
                     return
                 if self.mode == "error_event" and index == 2:
                     error = {

@@ -206,7 +206,7 @@ async def _completion(
             )  # fmt: skip
             return stream, shadow
         try:
-            raw = await runtime.upstream.read(tier, response, config.max_answer_bytes)
+            raw = await runtime.upstream.read(tier, response)
             prompt_tokens, exchange.output_tokens = (
                 answer_usage(raw) if response.status_code == 200 else (None, None)
             )

@@ -35,9 +35,10 @@ from gateway.errors import (
     tier_error,
 )
 from gateway.request.chain import NO_SERVER, open_chain
-from gateway.request.continuation import CUT, complete_events, ends_answer, split_error
+from gateway.request.continuation import CUT, ends_answer, split_error
 from gateway.request.exchange import Exchange, SSECounter
 from gateway.request.resumable import relay_resumable, tier_error_event
+from gateway.request.sse_buffer import EventBuffer, event_too_large
 from gateway.request.stream_usage import without_usage
 from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly
 
@@ -148,7 +149,7 @@ async def relay_sse(
     replaced by the gateway's (``tier_error_event``); with it, bytes as they come."""
     tail = b"\n\n"
     ended = False  # a finish_reason or [DONE] went by (looked for across chunk edges too)
-    pending = b""  # without full detail: what followed the last event boundary
+    buffer = EventBuffer()  # without full detail: what followed the last event boundary
     try:
         async with aclosing(upstream.iter_raw(tier, response)) as chunks:
             async for chunk in chunks:
@@ -159,7 +160,7 @@ async def relay_sse(
                     on_first_byte = None
                 failure = None
                 if not full:
-                    chunk, pending = complete_events(pending + chunk)
+                    chunk = buffer.feed(chunk)
                     chunk, failure = split_error(chunk)
                 if chunk:
                     if counter is not None:
@@ -173,7 +174,9 @@ async def relay_sse(
                         counter.failure = failure.status or 502
                     yield tier_error_event(tier, failure, full)
                     return
-        if pending:
+                if buffer.held > upstream.max_answer_bytes:  # the events before it went
+                    raise event_too_large(tier, upstream.max_answer_bytes)
+        if pending := buffer.rest():
             if counter is not None:
                 counter.feed(pending)
             ended = ended or ends_answer(tail + pending)

@@ -29,12 +29,12 @@ from gateway.request.continuation import (
     DONE,
     SentEvents,
     TierError,
-    complete_events,
     ends_answer,
     split_error,
 )
 from gateway.request.exchange import SSECounter
 from gateway.request.prompt_count import CHAT
+from gateway.request.sse_buffer import EventBuffer, event_too_large
 from gateway.request.stream_watch import Degenerated, StreamWatch
 from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly
 
@@ -61,7 +61,7 @@ async def relay_resumable(
     preface = b""  # what goes before a continuation's events (the SSE comment saying so)
     while True:
         watch = resumer.watch if resumer.watches(tier) else None
-        pending = b""
+        buffer = EventBuffer()  # what followed the last event boundary
         ended = False  # this tier said its answer ended (a finish_reason or [DONE])
         try:
             if preface:  # in the try: a client leaving here still closes the new response
@@ -73,7 +73,7 @@ async def relay_resumable(
                     if on_first_byte is not None:
                         on_first_byte()
                         on_first_byte = None
-                    events, pending = complete_events(pending + chunk)
+                    events = buffer.feed(chunk)
                     events, failure = split_error(events)
                     ended = ended or (bool(events) and ends_answer(events))
                     if rewrite is not None:
@@ -94,6 +94,9 @@ async def relay_resumable(
                     if watch is not None and watch.verdict is not None:
                         resumer.watched(tier, degenerated=True)
                         raise Degenerated(tier.name, watch.verdict)
+                    if buffer.held > upstream.max_answer_bytes:  # the events before it went
+                        raise event_too_large(tier, upstream.max_answer_bytes)
+            pending = buffer.rest()
             if not (ended or ends_answer(pending)):  # closed mid-answer: a failure, not a 200
                 logger.warning("tier %s: %s", tier.name, CUT)
                 raise UpstreamFailed(tier.name, CUT)

@@ -178,9 +178,14 @@ class Upstream:
     """
 
     def __init__(
-        self, client: httpx.AsyncClient, transport: httpx.AsyncBaseTransport | None = None
+        self,
+        client: httpx.AsyncClient,
+        transport: httpx.AsyncBaseTransport | None = None,
+        max_answer_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.client, self.transport = client, transport
+        # What is held of one answer at once: a whole answer read, one SSE event (config).
+        self.max_answer_bytes = max_answer_bytes
 
     async def send(
         self,
@@ -281,7 +286,9 @@ class Upstream:
         self, tier: TierEndpoint, response: httpx.Response, limit: int | None = None
     ) -> bytes:
         """The whole response body, then the response is closed. Past ``limit`` bytes (its
-        Content-Length or what arrived) ``UpstreamTooLarge``: nothing more is read."""
+        Content-Length or what arrived; default ``max_answer_bytes``) ``UpstreamTooLarge``:
+        nothing more is read."""
+        limit = self.max_answer_bytes if limit is None else limit
         try:
             length = response.headers.get("content-length", "")
             known = int(length) if length.isdigit() else None
