@@ -8,7 +8,8 @@
   ``Retry-After``. A request takes one unit here; a completion that generates several
   sequences (``n``, ``best_of``, list prompts) takes the rest once its body is read, through
   the ``rate_charge`` the middleware leaves in the request's state (gateway/request/proxy.py);
-  one costing more than the whole limit is a 400.
+  one costing more than the whole limit is a 400. The matched key's digest prefix is left in
+  the request's state (``KEY_ID``) for what counts per key (the live guard).
 - ``/admin/...``: always needs an admin key (``admin_key_hashes``); none configured means the
   admin API is off (403). Each client address gets ``admin_rate_limit_per_minute`` admin
   requests without a valid admin key per 60 s (401 each); past it: 429. Requests with a valid
@@ -29,6 +30,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import DETAIL, FULL_DETAIL, INVALID_REQUEST, APIError, api_error_response
 from gateway.shared.state import SharedState
+
+KEY_ID = "key_id"  # the request state's key: the matched API key's digest prefix
 
 RATE_WINDOW = 60.0
 
@@ -97,6 +100,7 @@ class AuthMiddleware:
             digest = matches(key, self.api_keys) or admin
             if digest is None:
                 raise _unauthorized("API")
+            scope.setdefault("state", {})[KEY_ID] = digest[:12]  # who asked (the live guard)
         shared = self.shared()
         if self.rate_limit is not None and shared is not None:
             client = scope.get("client") or ("unknown", 0)

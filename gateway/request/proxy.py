@@ -22,7 +22,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from backends.tier_state import TierState
-from gateway.control.live_guard import GuardSettings
+from gateway.auth import KEY_ID
+from gateway.control.live_guard import GuardSettings, per_who_cap
 from gateway.control.shadow import ShadowJob
 from gateway.errors import DETAIL, FULL_DETAIL, SERVER_ERROR, APIError, full_detail
 from gateway.policy.schema import RoutingPolicy
@@ -191,7 +192,8 @@ async def _completion(
         if streamed and response.status_code == 200:
             resumer = stream_resumer(
                 runtime.upstream, tiers, asked, upstream_body, exchange, runtime.counter,
-                active.policy.escalation, partial(guard_escalations, runtime, plan.cls),
+                active.policy.escalation,
+                partial(guard_escalations, runtime, plan.cls, asker(request)),
             )  # fmt: skip
             if assembling:  # a whole answer: one tier's alone is offered to shadow sampling
                 raw, answer = await assembled_answer(
@@ -241,15 +243,20 @@ def _current(exchange: Exchange) -> AbstractContextManager[object]:
     return nullcontext()
 
 
-def guard_escalations(runtime: Runtime, cls: str, tier: str, degenerated: bool) -> None:
-    """Feed a watched stream's outcome to the live guard (the policy's ``escalation.guard``;
-    gateway/control/live_guard.py); a tier it withholds from a class is logged and counted."""
+def guard_escalations(
+    runtime: Runtime, cls: str, who: str | None, tier: str, degenerated: bool
+) -> None:
+    """Feed a watched stream's outcome, asked by ``who``, to the live guard (the policy's
+    ``escalation.guard``; gateway/control/live_guard.py); a tier it withholds from a class is
+    logged and counted."""
     guard = runtime.policies.active.policy.escalation.guard
     if guard.max_rate is None:
         return
-    settings = GuardSettings(guard.window, guard.min_samples, {cls: 1 - guard.max_rate})
+    per_who = per_who_cap(guard.max_rate, guard.min_samples) if guard.per_key else None
+    floors = {cls: 1 - guard.max_rate}
+    settings = GuardSettings(guard.window, guard.min_samples, floors, per_who)
     outcome = 0.0 if degenerated else 1.0
-    if not runtime.board.guard.record(settings, tier, cls, outcome, source="escalation"):
+    if not runtime.board.guard.record(settings, tier, cls, outcome, "escalation", who):
         return
     rate = 1 - runtime.board.guard.mean(tier, cls, "escalation")
     samples = runtime.board.guard.samples(tier, cls, "escalation")
@@ -259,6 +266,16 @@ def guard_escalations(runtime: Runtime, cls: str, tier: str, degenerated: bool) 
         tier, cls, rate * 100, samples, guard.max_rate * 100, tier,
     )  # fmt: skip
     runtime.metrics.guard_trip(tier, cls)
+
+
+def asker(request: Request) -> str | None:
+    """Who asked, as the live guard counts askers: the API key the middleware matched
+    (gateway/auth.py: a digest prefix), else the client's address."""
+    key = request.scope.get("state", {}).get(KEY_ID)
+    if key is not None:
+        return f"key:{key}"
+    client = request.scope.get("client")
+    return f"addr:{client[0]}" if client else None
 
 
 def saturation_limits(policy: RoutingPolicy) -> Saturation:
