@@ -56,6 +56,11 @@ def complete_events(data: bytes) -> tuple[bytes, bytes]:
 def ends_answer(events: bytes) -> bool:
     """Whether ``events`` say the answer ended: a finish_reason or ``[DONE]``. A tier stream
     that closes without either was cut (issue 35, item 7): not a whole answer."""
+    if b"[DONE]" in events:
+        return True
+    keys = events.count(b'"finish_reason"')
+    if not keys or keys == events.count(b'"finish_reason":null'):  # vLLM's, token by token
+        return False
     return _ENDED.search(events) is not None
 
 
