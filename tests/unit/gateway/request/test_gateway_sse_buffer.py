@@ -79,3 +79,17 @@ def test_an_event_past_max_answer_bytes_fails_its_tier(
     lines = _stream(client, url, {**CHAT, "n": 2})  # cannot be continued: the error event
     assert json.loads(lines[-2][6:])["error"]["code"] == "upstream_error"
     assert lines[-1] == "data: [DONE]" and not any("xxxx" in line for line in lines)
+
+
+def test_a_whole_answer_assembled_from_one_long_event_costs_linear_time() -> None:
+    from gateway.request.assemble import Assembler
+
+    assembler, piece = Assembler(chat=False), b"x" * 1024
+    started = time.perf_counter()
+    assembler.feed(b'data: {"id":"a","choices":[{"index":0,"text":"')
+    for _ in range(8 * 1024):
+        assembler.feed(piece)
+    assembler.feed(b'","finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
+    answer = assembler.result()
+    assert time.perf_counter() - started < 2 and answer.status == 200
+    assert len(json.loads(answer.body)["choices"][0]["text"]) == 8 * 1024 * 1024
