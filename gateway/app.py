@@ -100,7 +100,7 @@ def create_app(
         client = httpx.AsyncClient(timeout=timeout, transport=transport, trust_env=False)
         async with client:  # the one client to the tiers; closing it closes the transport
             await shared.start()
-            upstream = Upstream(client, transport)
+            upstream = Upstream(client, transport, config.max_answer_bytes)
             board = TierBoard(config.tiers, supervisor_states)
             tracer = provider.get_tracer("model_optimizer.gateway")
             runtime = Runtime(

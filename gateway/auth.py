@@ -9,7 +9,8 @@
   ``Retry-After``. A request takes one unit here; a completion that generates several
   sequences (``n``, ``best_of``, list prompts) takes the rest once its body is read, through
   the ``rate_charge`` the middleware leaves in the request's state (gateway/request/proxy.py);
-  one costing more than the whole limit is a 400.
+  one costing more than the whole limit is a 400. The matched key's digest prefix is left in
+  the request's state (``KEY_ID``) for what counts per key (the live guard).
 - ``/admin/...``: always needs an admin key (``admin_key_hashes``); none configured means the
   admin API is off (403).
 - Failed keys: each client address gets ``admin_rate_limit_per_minute`` requests without a
@@ -34,6 +35,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.errors import DETAIL, FULL_DETAIL, INVALID_REQUEST, APIError, api_error_response
 from gateway.key_guesses import GuessBudget
 from gateway.shared.state import SharedState
+
+KEY_ID = "key_id"  # the request state's key: the matched API key's digest prefix
 
 RATE_WINDOW = 60.0
 KEY_DIGEST = "key_digest"  # the request state's key: the matched API key's sha256 digest
@@ -100,7 +103,9 @@ class AuthMiddleware:
                 if key is not None:  # a key sent and wrong is a guess; none sent reveals nothing
                     await self._count_failure(address)
                 raise _unauthorized("API")
-            scope.setdefault("state", {})[KEY_DIGEST] = digest
+            state = scope.setdefault("state", {})
+            state[KEY_DIGEST] = digest
+            state[KEY_ID] = digest[:12]  # who asked (the live guard)
         if self.admin_keys and matches(key, self.admin_keys) is not None:
             scope.setdefault("state", {})[DETAIL] = FULL_DETAIL
         shared = self.shared()

@@ -163,6 +163,11 @@ class GatewayConfig(BaseModel):
     # Decoded, a value takes up to ~70 bytes (a body of `{},` is ~24x its bytes), so this bounds
     # a body in flight to ~5 MB of objects besides its bytes.
     max_body_values: int = Field(default=65_536, gt=0)
+    # Bytes the gateway holds of one tier answer at once: a whole answer (read whole to be
+    # relayed), one SSE event of a stream. Past it the tier failed (502 answer_too_large, or
+    # the stream's error event). 64 MiB: the policy's largest answers (n 4 x 4,000 tokens x
+    # top_logprobs 20, ~20 MB) fit.
+    max_answer_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     # Seconds a client may take to send a completion request's whole body (past it: 408 and
     # the connection closed). The body is read before the request takes an in-flight slot.
     body_timeout: float = Field(default=30.0, gt=0)

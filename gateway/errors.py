@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -89,6 +90,25 @@ def sse_error_event(exc: APIError, full: bool = True) -> bytes:
     """The SSE bytes ending a stream that failed after it started: an error event, then [DONE]."""
     payload = json.dumps(exc.body(full), separators=(",", ":"))
     return f"data: {payload}\n\ndata: [DONE]\n\n".encode()
+
+
+UPSTREAM_REJECTED = "upstream_rejected"  # a tier refused the request (its 4xx)
+UPSTREAM_ERROR = "upstream_error"  # a tier failed (its 5xx, a broken or malformed answer)
+_PARAM = re.compile(r"[A-Za-z_][A-Za-z0-9_.\[\]]{0,63}")  # a field's name, nothing more
+
+
+def tier_error(status: int, message: str, param: object = None) -> APIError:
+    """A tier's own error (its JSON error body or SSE error event, with the ``status`` it
+    answered or its event's code) as the gateway's: clients without full detail are told
+    only what kind of failure it was, never the tier's text (vLLM's 500s carry exception
+    text, addresses); ``param`` is kept when it is a field's name."""
+    field = param if isinstance(param, str) and _PARAM.fullmatch(param) else None
+    if 400 <= status < 500:
+        public = "the model server rejected the request"
+        return APIError(status, message, INVALID_REQUEST, field, UPSTREAM_REJECTED, public=public)
+    return APIError(
+        status, message, SERVER_ERROR, code=UPSTREAM_ERROR, public="the model server failed"
+    )
 
 
 def full_detail(request: Request) -> bool:

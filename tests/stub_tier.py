@@ -32,8 +32,12 @@ class StubTier:
     connection drops); ``error_event`` (two chunks, then an error event and ``[DONE]``, as vLLM
     ends a stream whose engine failed); ``unavailable`` (503); ``hang`` (no answer until the
     client leaves);
-    ``bad_request`` (400 in vLLM's flat error shape). ``whole_delay``: seconds a whole
-    (non-streamed) answer takes, as vLLM sends nothing until it is complete.
+    ``bad_request`` (400 in vLLM's flat error shape); ``server_error`` (500 in that shape, as
+    vLLM answers an exception: ``error_message`` is its text); ``cut`` (two chunks, then the stream
+    ends cleanly: no finish_reason, no ``[DONE]``); ``no_done`` (the whole stream but its
+    ``[DONE]``); ``huge_event`` (two chunks, then one 64 KiB event with no boundary).
+    ``whole_delay``: seconds a whole (non-streamed) answer takes, as vLLM sends nothing until
+    it is complete.
     """
 
     def __init__(self, model: str = MODEL) -> None:
@@ -42,12 +46,14 @@ class StubTier:
         self.health_status = 200
         self.chunks = 3
         self.whole_delay = 0.0
+        self.whole_body: Any = None  # a whole answer's JSON when set (else a chat completion)
         self.metrics_text: str | None = None  # served at /metrics when set (else 404)
         self.answer_text = "The capital of France is Paris."  # chat answers
         self.completion_text = " Paris."  # completions answers
         self.answer_id = "cmpl-stub"  # the id and creation time of its answers
         self.created = 1
         self.error_code = 500  # the code of its error event (mode error_event)
+        self.error_message = "engine died"  # the message of its error event, its 500's text
         self.role_chunk = False  # a chat stream opens with a role-only delta, as vLLM's does
         self.stream_texts: list[str] | None = None  # a stream's chunks' texts (else w0, w1, ...)
         self.stream_logprobs: list[float] | None = None  # each chat chunk's token logprob
@@ -94,6 +100,9 @@ class StubTier:
         if self.mode == "bad_request":
             flat = {"object": "error", "message": "bad max_tokens", "type": "BadRequestError"}
             return JSONResponse({**flat, "param": "max_tokens", "code": 400}, status_code=400)
+        if self.mode == "server_error":
+            flat = {"object": "error", "message": self.error_message, "type": "InternalError"}
+            return JSONResponse({**flat, "param": None, "code": 500}, status_code=500)
         if self.mode == "hang":
             with anyio.move_on_after(WAIT):
                 while (await request.receive())["type"] != "http.disconnect":
@@ -104,7 +113,7 @@ class StubTier:
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(self._stream(chat, usage), media_type="text/event-stream")
         await asyncio.sleep(self.whole_delay)
-        return JSONResponse(self._whole(chat))
+        return JSONResponse(self._whole(chat) if self.whole_body is None else self.whole_body)
 
     def _whole(self, chat: bool) -> dict[str, Any]:
         usage = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
@@ -162,8 +171,19 @@ class StubTier:
                     await asyncio.sleep(0.05)
                 if self.mode == "die" and index == 2:
                     raise StubDied("stub tier dropped the connection")
+                if self.mode == "cut" and index == 2:
+                    return
+                if self.mode == "huge_event" and index == 2:  # one event that never ends
+                    yield b'data: {"choices": [{"index": 0, "delta": {"content": "'
+                    for _ in range(64):
+                        yield b"x" * 1024
+                    return
                 if self.mode == "error_event" and index == 2:
-                    error = {"message": "engine died", "type": "Error", "code": self.error_code}
+                    error = {
+                        "message": self.error_message,
+                        "type": "Error",
+                        "code": self.error_code,
+                    }
                     yield f"data: {json.dumps({'error': error})}\n\ndata: [DONE]\n\n".encode()
                     return
                 yield self._chunk(chat, index, last=False)
@@ -177,7 +197,8 @@ class StubTier:
                     "usage": tokens,
                 }
                 yield f"data: {json.dumps(event)}\n\n".encode()
-            yield b"data: [DONE]\n\n"
+            if self.mode != "no_done":
+                yield b"data: [DONE]\n\n"
             self.stream_finished.set()
         except (GeneratorExit, asyncio.CancelledError):
             self.cancelled_at = time.monotonic()

@@ -12,7 +12,11 @@ empty then.
 Escalations feed it too (``escalation.guard`` in the policy; gateway/request/proxy.py): each
 watched stream of a tier adds 1 (it finished) or 0 (it degenerated and was escalated) to a
 window of its own (``source="escalation"``) with the floor ``1 - max_rate``; a tier that keeps
-escalating a class is withheld from it the same way.
+escalating a class is withheld from it the same way. Those outcomes carry who asked (an API
+key's digest prefix, or the client's address without keys): with ``per_who`` set, one asker's
+failing samples count at most ``per_who`` in a window (its older ones give way to its newer),
+so one tenant asking for degenerate answers on purpose (repetition, ``logit_bias``,
+``ignore_eos``) cannot withhold a tier from a class for every tenant.
 
 Agreement here is the shadow metric (the common prefix of two greedy answers over the longer
 one, at most ``shadow.max_tokens`` tokens), much stricter than the admission check's
@@ -31,13 +35,23 @@ class GuardSettings:
     window: int
     min_samples: int
     floors: Mapping[str, float]  # class -> lowest mean agreement; a class not named: unguarded
+    per_who: int | None = None  # failing samples of one asker a window counts; None: all
+
+
+def per_who_cap(max_rate: float, min_samples: int) -> int:
+    """The failing samples one asker may hold in a window such that it alone never trips the
+    guard: at most ``max_rate`` of the fewest samples a verdict needs (at least one)."""
+    return max(1, int(max_rate * min_samples))
 
 
 @dataclass
 class LiveGuard:
     """Windows of recent agreements and the (tier, class) pairs withheld."""
 
-    _windows: dict[tuple[str, str, str], deque[float]] = field(default_factory=dict)
+    # (tier, class, source) -> its samples, each with who asked (None: nobody in particular)
+    _windows: dict[tuple[str, str, str], deque[tuple[float, str | None]]] = field(
+        default_factory=dict
+    )
     withheld: dict[str, set[str]] = field(default_factory=dict)
 
     def record(
@@ -47,9 +61,10 @@ class LiveGuard:
         cls: str,
         agreement: float,
         source: str = "shadow",
+        who: str | None = None,
     ) -> bool:
-        """Add one comparison (or, from ``source`` "escalation", one watched stream's outcome);
-        ``True`` when it withholds ``tier`` from ``cls`` just now."""
+        """Add one comparison (or, from ``source`` "escalation", one watched stream's outcome,
+        asked by ``who``); ``True`` when it withholds ``tier`` from ``cls`` just now."""
         floor = settings.floors.get(cls)
         if floor is None or cls in self.withheld.get(tier, set()):
             return False
@@ -58,7 +73,11 @@ class LiveGuard:
         if window is None or window.maxlen != settings.window:
             window = deque(window or (), maxlen=settings.window)
             self._windows[key] = window
-        window.append(agreement)
+        if who is not None and settings.per_who is not None and agreement < floor:
+            mine = [sample for sample in window if sample[1] == who and sample[0] < floor]
+            if len(mine) >= settings.per_who:  # its oldest failing sample gives way
+                window.remove(mine[0])
+        window.append((agreement, who))
         if len(window) < settings.min_samples or self.mean(tier, cls, source) >= floor:
             return False
         self.withheld.setdefault(tier, set()).add(cls)
@@ -66,7 +85,7 @@ class LiveGuard:
 
     def mean(self, tier: str, cls: str, source: str = "shadow") -> float:
         window = self._windows.get((tier, cls, source))
-        return sum(window) / len(window) if window else 1.0
+        return sum(sample[0] for sample in window) / len(window) if window else 1.0
 
     def samples(self, tier: str, cls: str, source: str = "shadow") -> int:
         window = self._windows.get((tier, cls, source))

@@ -61,6 +61,10 @@ class EscalationGuard(Section):
     window: PositiveInt = 50
     min_samples: PositiveInt = 20
     max_rate: float | None = Field(default=None, ge=0, lt=1)
+    # One API key's (or, without keys, one client address's) escalated streams count at most
+    # max(1, max_rate x min_samples) in a window, so no one tenant alone can withhold a tier;
+    # false: every stream counts alike.
+    per_key: bool = True
 
 
 class EscalationPolicy(Section):

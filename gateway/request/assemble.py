@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.request.continuation import complete_events, event_data, unresumable
+from gateway.request.continuation import event_data, unresumable
+from gateway.request.sse_buffer import EventBuffer
 
 # Request fields whose whole answer a stream does not give back as it is.
 _WHOLE_ONLY = (
@@ -134,11 +135,11 @@ class Assembler:
         self.answer: dict[str, Any] = {}
         self.choices: dict[int, _Choice] = {}
         self.error: Any = None
-        self._partial = b""
+        self._buffer = EventBuffer()  # an event not yet complete, never joined per chunk
 
     def feed(self, data: bytes) -> None:
         """Bytes of the relayed stream, cut anywhere."""
-        events, self._partial = complete_events(self._partial + data)
+        events = self._buffer.feed(data)
         for payload in event_data(events):
             if payload == b"[DONE]" or self.error is not None:
                 continue

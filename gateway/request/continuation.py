@@ -28,6 +28,9 @@ from typing import Any
 from gateway.request.prompt_count import CHAT
 
 DONE = b"data: [DONE]\n\n"
+CUT = "its stream ended before its answer did (no finish_reason, no [DONE])"
+# What says an answer ended: a choice's finish_reason (a string, not null) or [DONE].
+_ENDED = re.compile(rb'"finish_reason":\s*"|\[DONE\]')
 # An event ends at a blank line, in any of SSE's three line endings (no one is part of another).
 _BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
 _BOUNDARY = re.compile(b"(" + b"|".join(re.escape(mark) for mark in _BOUNDARIES) + b")")
@@ -48,6 +51,17 @@ def complete_events(data: bytes) -> tuple[bytes, bytes]:
         return data, b""
     cut = max(data.rfind(mark) + len(mark) if mark in data else 0 for mark in _BOUNDARIES)
     return data[:cut], data[cut:]
+
+
+def ends_answer(events: bytes) -> bool:
+    """Whether ``events`` say the answer ended: a finish_reason or ``[DONE]``. A tier stream
+    that closes without either was cut (issue 35, item 7): not a whole answer."""
+    if b"[DONE]" in events:
+        return True
+    keys = events.count(b'"finish_reason"')
+    if not keys or keys == events.count(b'"finish_reason":null'):  # vLLM's, token by token
+        return False
+    return _ENDED.search(events) is not None
 
 
 def split_events(block: bytes) -> list[tuple[bytes, bytes]]:

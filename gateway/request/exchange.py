@@ -277,6 +277,11 @@ class Exchange:
             self.span.set_status(Status(StatusCode.ERROR, error or f"HTTP {status}"))
 
 
+# Bytes of one SSE line the counter keeps while it is unended: a line past it (one tier event
+# of many MB without a line break) is read by its head only, never joined whole per chunk.
+MAX_LINE = 1 << 20
+
+
 class SSECounter:
     """Counts a relayed SSE answer's output tokens (usage when present, else choice events)."""
 
@@ -294,8 +299,14 @@ class SSECounter:
         return self.failure or (200 if self.completed else 499)
 
     def feed(self, chunk: bytes) -> None:
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
+        end = chunk.rfind(b"\n")
+        if end < 0:  # a line still going on: its head is kept, bounded (a usage event is small)
+            room = MAX_LINE - len(self._partial)
+            if room > 0:
+                self._partial += chunk[:room]
+            return
+        lines = (self._partial + chunk[:end]).split(b"\n")
+        self._partial = chunk[end + 1 : end + 1 + MAX_LINE]
         for line in lines:
             if line.startswith(b"data:") and b'"choices"' in line:
                 self._event(line[5:].strip())
@@ -305,6 +316,8 @@ class SSECounter:
             try:
                 usage = json.loads(data).get("usage") or {}
             except (ValueError, AttributeError):
+                usage = {}
+            if not isinstance(usage, dict):  # a tier's malformed usage: not counted
                 usage = {}
             if isinstance(usage.get("completion_tokens"), int):
                 self.usage_tokens = usage["completion_tokens"]
@@ -317,16 +330,3 @@ class SSECounter:
     def tokens(self) -> int:
         """Usage's completion tokens if seen, else one per event but the final (empty) one."""
         return self.usage_tokens if self.usage_tokens is not None else max(self.events - 1, 0)
-
-
-def usage_tokens(raw: bytes) -> tuple[int | None, int | None]:
-    """(prompt, completion) tokens from a whole JSON answer's ``usage``, when it has one."""
-    try:
-        usage = json.loads(raw).get("usage") or {}
-    except (ValueError, AttributeError):
-        return None, None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    return (
-        prompt if isinstance(prompt, int) else None,
-        completion if isinstance(completion, int) else None,
-    )

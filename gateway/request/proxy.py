@@ -22,11 +22,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from backends.tier_state import TierState
-from gateway.auth import KEY_DIGEST
-from gateway.control.live_guard import GuardSettings
+from gateway.auth import KEY_DIGEST, KEY_ID
+from gateway.control.live_guard import GuardSettings, per_who_cap
 from gateway.control.shadow import ShadowJob
 from gateway.errors import DETAIL, FULL_DETAIL, SERVER_ERROR, APIError, full_detail
 from gateway.policy.schema import RoutingPolicy
+from gateway.request.answer_usage import MalformedAnswer, answer_usage
 from gateway.request.assemble import as_stream, assemblable
 from gateway.request.body import (
     MAX_JSON_DEPTH,
@@ -39,14 +40,14 @@ from gateway.request.body import (
 from gateway.request.chain import NO_SERVER, Asked, open_chain
 from gateway.request.continuation import unresumable
 from gateway.request.endpoint_choice import Saturation, endpoint_id, session_key
-from gateway.request.exchange import Exchange, usage_tokens
+from gateway.request.exchange import Exchange
 from gateway.request.fields import screen_fields
 from gateway.request.plan import assess, plan_route, route_headers
 from gateway.request.prompt_count import count_prompt
 from gateway.request.relay import UpstreamStreamingResponse, unless_client_leaves, whole_response
 from gateway.request.resume import stream_resumer
 from gateway.request.stream_usage import asking_usage
-from gateway.request.upstream import aclose_quietly
+from gateway.request.upstream import UpstreamFailed, aclose_quietly
 from gateway.request.whole import assembled_answer
 from gateway.runtime import Runtime, get_runtime
 from gateway.telemetry import inject_trace_headers
@@ -195,7 +196,8 @@ async def _completion(
         if streamed and response.status_code == 200:
             resumer = stream_resumer(
                 runtime.upstream, tiers, asked, upstream_body, exchange, runtime.counter,
-                active.policy.escalation, partial(guard_escalations, runtime, plan.cls),
+                active.policy.escalation,
+                partial(guard_escalations, runtime, plan.cls, asker(request)),
             )  # fmt: skip
             if assembling:  # a whole answer: one tier's alone is offered to shadow sampling
                 raw, answer = await assembled_answer(
@@ -209,8 +211,19 @@ async def _completion(
                 usage_asked=usage_asked,
             )  # fmt: skip
             return stream, shadow
-        raw = await runtime.upstream.read(tier, response)
-        prompt_tokens, exchange.output_tokens = usage_tokens(raw)
+        try:
+            raw = await runtime.upstream.read(tier, response)
+            prompt_tokens, exchange.output_tokens = (
+                answer_usage(raw) if response.status_code == 200 else (None, None)
+            )
+        except MalformedAnswer as exc:
+            failed = UpstreamFailed(tier.name, f"its answer is malformed: {exc}")
+            logger.warning("%s", failed.message)
+            failed.headers.update(answer_headers)
+            raise failed from exc
+        except APIError as exc:
+            exc.headers.update(answer_headers)
+            raise
         if prompt_tokens:  # the tier's own count: nothing left to count
             exchange.input_tokens, exchange.count_input = prompt_tokens, None
         exchange.set_outcome(response.status_code)
@@ -234,15 +247,20 @@ def _current(exchange: Exchange) -> AbstractContextManager[object]:
     return nullcontext()
 
 
-def guard_escalations(runtime: Runtime, cls: str, tier: str, degenerated: bool) -> None:
-    """Feed a watched stream's outcome to the live guard (the policy's ``escalation.guard``;
-    gateway/control/live_guard.py); a tier it withholds from a class is logged and counted."""
+def guard_escalations(
+    runtime: Runtime, cls: str, who: str | None, tier: str, degenerated: bool
+) -> None:
+    """Feed a watched stream's outcome, asked by ``who``, to the live guard (the policy's
+    ``escalation.guard``; gateway/control/live_guard.py); a tier it withholds from a class is
+    logged and counted."""
     guard = runtime.policies.active.policy.escalation.guard
     if guard.max_rate is None:
         return
-    settings = GuardSettings(guard.window, guard.min_samples, {cls: 1 - guard.max_rate})
+    per_who = per_who_cap(guard.max_rate, guard.min_samples) if guard.per_key else None
+    floors = {cls: 1 - guard.max_rate}
+    settings = GuardSettings(guard.window, guard.min_samples, floors, per_who)
     outcome = 0.0 if degenerated else 1.0
-    if not runtime.board.guard.record(settings, tier, cls, outcome, source="escalation"):
+    if not runtime.board.guard.record(settings, tier, cls, outcome, "escalation", who):
         return
     rate = 1 - runtime.board.guard.mean(tier, cls, "escalation")
     samples = runtime.board.guard.samples(tier, cls, "escalation")
@@ -252,6 +270,16 @@ def guard_escalations(runtime: Runtime, cls: str, tier: str, degenerated: bool) 
         tier, cls, rate * 100, samples, guard.max_rate * 100, tier,
     )  # fmt: skip
     runtime.metrics.guard_trip(tier, cls)
+
+
+def asker(request: Request) -> str | None:
+    """Who asked, as the live guard counts askers: the API key the middleware matched
+    (gateway/auth.py: a digest prefix), else the client's address."""
+    key = request.scope.get("state", {}).get(KEY_ID)
+    if key is not None:
+        return f"key:{key}"
+    client = request.scope.get("client")
+    return f"addr:{client[0]}" if client else None
 
 
 def saturation_limits(policy: RoutingPolicy) -> Saturation:

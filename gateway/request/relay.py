@@ -17,7 +17,7 @@ import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 import httpx
@@ -26,12 +26,21 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from gateway.config import TierEndpoint
-from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError, error_body, sse_error_event
+from gateway.errors import (
+    INVALID_REQUEST,
+    SERVER_ERROR,
+    APIError,
+    error_body,
+    sse_error_event,
+    tier_error,
+)
 from gateway.request.chain import NO_SERVER, open_chain
+from gateway.request.continuation import CUT, ends_answer, split_error
 from gateway.request.exchange import Exchange, SSECounter
-from gateway.request.resumable import relay_resumable
+from gateway.request.resumable import relay_resumable, tier_error_event
+from gateway.request.sse_buffer import EventBuffer, event_too_large
 from gateway.request.stream_usage import without_usage
-from gateway.request.upstream import Upstream, aclose_quietly
+from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly
 
 if TYPE_CHECKING:
     from gateway.request.resume import Resumer
@@ -41,19 +50,30 @@ __all__ = ["NO_SERVER", "UpstreamStreamingResponse", "open_chain", "relay_sse", 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+_EDGE = 32  # bytes of the previous chunk kept to find an end marker split across two
 
 
 def normalise_error(
     status: int, tier: TierEndpoint, raw: bytes, full: bool = True
 ) -> dict[str, Any]:
-    """An upstream error body in OpenAI's nested shape (vLLM may answer flat or non-JSON; a
-    body that is not an error object is quoted only with ``full`` detail)."""
+    """An upstream error body in OpenAI's nested shape (vLLM may answer flat or non-JSON).
+    Without ``full`` detail the tier's text stays in the gateway's log (info): the client gets
+    the gateway's own error for the status (``tier_error``)."""
     try:
         payload = json.loads(raw)
     except ValueError:
         payload = None
-    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
-        return payload
+    nested = payload.get("error") if isinstance(payload, dict) else None
+    if not full:
+        said = nested if isinstance(nested, dict) else payload
+        message = said.get("message") if isinstance(said, dict) else None
+        text = message if isinstance(message, str) else raw.decode("utf-8", "replace")
+        text = " ".join(text.split())[:200]
+        logger.info("tier %s answered HTTP %s: %s", tier.name, status, text)
+        param = said.get("param") if isinstance(said, dict) else None
+        return tier_error(status, text, param).body(full=False)
+    if isinstance(nested, dict):
+        return cast(dict[str, Any], payload)
     kind = SERVER_ERROR if status >= 500 else INVALID_REQUEST
     if isinstance(payload, dict) and isinstance(payload.get("message"), str):
         code = payload.get("code")
@@ -63,8 +83,6 @@ def normalise_error(
             payload.get("param") if isinstance(payload.get("param"), str) else None,
             code if isinstance(code, str) else None,
         )
-    if not full:
-        return error_body(f"the model server answered HTTP {status}", kind)
     text = " ".join(raw.decode("utf-8", "replace").split())[:200]
     return error_body(f"tier '{tier.name}' answered HTTP {status}: {text}", kind)
 
@@ -125,25 +143,54 @@ async def relay_sse(
     on_first_byte: Callable[[], None] | None = None,
     full: bool = True,
 ) -> AsyncGenerator[bytes, None]:
-    """Yield upstream bytes as they arrive; a failure mid-stream ends with an SSE error event."""
+    """Yield upstream bytes as they arrive; a failure mid-stream ends with an SSE error event,
+    as does a stream that closes with neither a finish_reason nor ``[DONE]`` (cut mid-answer).
+    Without ``full`` detail complete events are relayed, so that a tier's own error event is
+    replaced by the gateway's (``tier_error_event``); with it, bytes as they come."""
     tail = b"\n\n"
+    ended = False  # a finish_reason or [DONE] went by (looked for across chunk edges too)
+    buffer = EventBuffer()  # without full detail: what followed the last event boundary
     try:
         async with aclosing(upstream.iter_raw(tier, response)) as chunks:
             async for chunk in chunks:
+                if not chunk:
+                    continue
+                if on_first_byte is not None:
+                    on_first_byte()
+                    on_first_byte = None
+                failure = None
+                if not full:
+                    chunk = buffer.feed(chunk)
+                    chunk, failure = split_error(chunk)
                 if chunk:
-                    if on_first_byte is not None and tail == b"\n\n":
-                        on_first_byte()
-                        on_first_byte = None
                     if counter is not None:
                         counter.feed(chunk)
-                    tail = (tail + chunk)[-2:]
+                    if not ended:
+                        ended = ends_answer(chunk) or ends_answer(tail + chunk[:_EDGE])
+                    tail = (tail + chunk[-_EDGE:])[-_EDGE:]
                     yield chunk
+                if failure is not None:
+                    if counter is not None:
+                        counter.failure = failure.status or 502
+                    yield tier_error_event(tier, failure, full)
+                    return
+                if buffer.held > upstream.max_answer_bytes:  # the events before it went
+                    raise event_too_large(tier, upstream.max_answer_bytes)
+        if pending := buffer.rest():
+            if counter is not None:
+                counter.feed(pending)
+            ended = ended or ends_answer(tail + pending)
+            tail = (tail + pending[-_EDGE:])[-_EDGE:]
+            yield pending
+        if not ended:
+            logger.warning("tier %s: %s", tier.name, CUT)
+            raise UpstreamFailed(tier.name, CUT)
         if counter is not None:
             counter.completed = True
     except APIError as exc:
         if counter is not None:
             counter.failure = exc.status
-        separator = b"" if tail == b"\n\n" else b"\n\n"
+        separator = b"" if tail.endswith(b"\n\n") else b"\n\n"
         yield separator + sse_error_event(exc, full)
     finally:
         await aclose_quietly(response)

@@ -7,12 +7,15 @@ connection breaks, or it sends an error event of its own, as vLLM does when its 
 or a watched tier's text degenerates (gateway/request/stream_watch.py), the failed response
 is closed first (the tier stops generating), then the ``Resumer`` (gateway/request/resume.py)
 opens the continuation on the next endpoint or tier, whose events are rewritten into the same
-answer (gateway/request/continuation.py). With nothing left to continue on, the stream ends as the
-plain relay ends it: what was held back, then one SSE error event.
+answer (gateway/request/continuation.py). A tier stream that closes cleanly with neither a
+finish_reason nor ``[DONE]`` was cut mid-answer and fails the same way; one with a finish_reason
+but no ``[DONE]`` is finished, and the client gets the ``[DONE]``. With nothing left to continue
+on, the stream ends as the plain relay ends it: what was held back, then one SSE error event.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING
@@ -20,15 +23,26 @@ from typing import TYPE_CHECKING
 import httpx
 
 from gateway.config import TierEndpoint
-from gateway.errors import APIError, sse_error_event
-from gateway.request.continuation import DONE, SentEvents, complete_events, split_error
+from gateway.errors import APIError, sse_error_event, tier_error
+from gateway.request.continuation import (
+    CUT,
+    DONE,
+    SentEvents,
+    TierError,
+    ends_answer,
+    split_error,
+)
 from gateway.request.exchange import SSECounter
 from gateway.request.prompt_count import CHAT
+from gateway.request.sse_buffer import EventBuffer, event_too_large
 from gateway.request.stream_watch import Degenerated, StreamWatch
 from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly
 
 if TYPE_CHECKING:
     from gateway.request.resume import Resumer
+
+
+logger = logging.getLogger(__name__)
 
 
 async def relay_resumable(
@@ -47,7 +61,8 @@ async def relay_resumable(
     preface = b""  # what goes before a continuation's events (the SSE comment saying so)
     while True:
         watch = resumer.watch if resumer.watches(tier) else None
-        pending = b""
+        buffer = EventBuffer()  # what followed the last event boundary
+        ended = False  # this tier said its answer ended (a finish_reason or [DONE])
         try:
             if preface:  # in the try: a client leaving here still closes the new response
                 yield preface
@@ -58,8 +73,9 @@ async def relay_resumable(
                     if on_first_byte is not None:
                         on_first_byte()
                         on_first_byte = None
-                    events, pending = complete_events(pending + chunk)
+                    events = buffer.feed(chunk)
                     events, failure = split_error(events)
+                    ended = ended or (bool(events) and ends_answer(events))
                     if rewrite is not None:
                         events = rewrite(events)
                     if watch is not None:
@@ -69,7 +85,8 @@ async def relay_resumable(
                         counter.feed(events)
                         yield events
                     if failure is not None and failure.request_error:  # not continued
-                        yield _ended(watch, counter, failure.status) + failure.event + DONE
+                        held = _ended(watch, counter, failure.status)
+                        yield held + tier_error_event(tier, failure, full)
                         return
                     if failure is not None:
                         message = f"it sent an error event: {failure.message}"
@@ -77,12 +94,19 @@ async def relay_resumable(
                     if watch is not None and watch.verdict is not None:
                         resumer.watched(tier, degenerated=True)
                         raise Degenerated(tier.name, watch.verdict)
+                    if buffer.held > upstream.max_answer_bytes:  # the events before it went
+                        raise event_too_large(tier, upstream.max_answer_bytes)
+            pending = buffer.rest()
+            if not (ended or ends_answer(pending)):  # closed mid-answer: a failure, not a 200
+                logger.warning("tier %s: %s", tier.name, CUT)
+                raise UpstreamFailed(tier.name, CUT)
             if watch is not None:
                 resumer.watched(tier, degenerated=False)
             rest = (watch.flush() if watch is not None else b"") + (pending if not rewrite else b"")
-            if rest:  # held text, and what followed the last event boundary
-                counter.feed(rest)
-                yield rest
+            if not (sent.done or b"[DONE]" in rest):  # finished, only [DONE] missing: add it
+                rest += (b"" if not rest or rest.endswith(b"\n\n") else b"\n\n") + DONE
+            counter.feed(rest)  # held text, what followed the last event boundary, [DONE]
+            yield rest
             counter.completed = True
             return
         except APIError as exc:
@@ -113,3 +137,13 @@ def _ended(watch: StreamWatch | None, counter: SSECounter, status: int | None) -
     counter.feed(held)
     counter.failure = status
     return held
+
+
+def tier_error_event(tier: TierEndpoint, failure: TierError, full: bool) -> bytes:
+    """A tier's own error event ending a stream, then ``[DONE]``: as the tier sent it with
+    ``full`` detail, otherwise the gateway's error for it (gateway/errors.py ``tier_error``;
+    the tier's text is logged, info)."""
+    if full:
+        return failure.event + DONE
+    logger.info("tier %s sent an error event: %s", tier.name, failure.message)
+    return sse_error_event(tier_error(failure.status or 502, failure.message), full=False)

@@ -82,6 +82,18 @@ class UpstreamFailed(APIError):
         self.tier = tier
 
 
+class UpstreamTooLarge(UpstreamFailed):
+    """The tier's answer is larger than the gateway holds of one answer (``max_answer_bytes``):
+    a tier failure, its answer never buffered whole."""
+
+    def __init__(self, tier: str, limit: int) -> None:
+        super().__init__(tier, f"its answer is larger than max_answer_bytes ({limit} bytes)")
+        self.code = "answer_too_large"
+        self.public = (
+            f"the model server's answer is larger than the gateway's limit ({limit} bytes)"
+        )
+
+
 def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """The subset of client headers a tier may see, plus ``accept-encoding: identity``. A value
     that is not ASCII stays behind too: none of these carries one legitimately, and the
@@ -166,9 +178,14 @@ class Upstream:
     """
 
     def __init__(
-        self, client: httpx.AsyncClient, transport: httpx.AsyncBaseTransport | None = None
+        self,
+        client: httpx.AsyncClient,
+        transport: httpx.AsyncBaseTransport | None = None,
+        max_answer_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.client, self.transport = client, transport
+        # What is held of one answer at once: a whole answer read, one SSE event (config).
+        self.max_answer_bytes = max_answer_bytes
 
     async def send(
         self,
@@ -265,14 +282,28 @@ class Upstream:
         except httpx.HTTPError as exc:
             raise translate_error(exc, tier) from exc
 
-    async def read(self, tier: TierEndpoint, response: httpx.Response) -> bytes:
-        """The whole response body, then the response is closed."""
+    async def read(
+        self, tier: TierEndpoint, response: httpx.Response, limit: int | None = None
+    ) -> bytes:
+        """The whole response body, then the response is closed. Past ``limit`` bytes (its
+        Content-Length or what arrived; default ``max_answer_bytes``) ``UpstreamTooLarge``:
+        nothing more is read."""
+        limit = self.max_answer_bytes if limit is None else limit
         try:
-            if isinstance(response.stream, AiohttpBody):  # at once, not a chunk at a time
-                try:
+            length = response.headers.get("content-length", "")
+            known = int(length) if length.isdigit() else None
+            if limit is not None and known is not None and known > limit:
+                raise UpstreamTooLarge(tier.name, limit)
+            if isinstance(response.stream, AiohttpBody) and (limit is None or known is not None):
+                try:  # at once, not a chunk at a time
                     return await response.stream.read()
                 except httpx.HTTPError as exc:
                     raise translate_error(exc, tier) from exc
-            return b"".join([chunk async for chunk in self.iter_raw(tier, response)])
+            body = bytearray()
+            async for chunk in self.iter_raw(tier, response):
+                body += chunk
+                if limit is not None and len(body) > limit:
+                    raise UpstreamTooLarge(tier.name, limit)
+            return bytes(body)
         finally:
             await aclose_quietly(response)

@@ -11,8 +11,9 @@ from contextlib import aclosing
 import httpx
 
 from gateway.config import TierEndpoint
+from gateway.request.answer_usage import MalformedAnswer, answer_usage
 from gateway.request.assemble import Assembler
-from gateway.request.exchange import Exchange, SSECounter, usage_tokens
+from gateway.request.exchange import Exchange, SSECounter
 from gateway.request.prompt_count import CHAT
 from gateway.request.relay import WholeAnswer, relay_sse
 from gateway.request.resumable import relay_resumable
@@ -45,7 +46,10 @@ async def assembled_answer(
             assembler.feed(chunk)
     answer = assembler.result(counter.failure)
     if answer.status == 200:
-        prompt_tokens, exchange.output_tokens = usage_tokens(answer.body)
+        try:  # the gateway assembled it: a JSON object
+            prompt_tokens, exchange.output_tokens = answer_usage(answer.body)
+        except MalformedAnswer:  # a usage event that was not an object: no count
+            prompt_tokens = None
         resumed = resumer is not None and resumer.resumed  # then the usage is the gateway's sum
         if prompt_tokens and not resumed:  # the tier's own count: nothing left to count
             exchange.input_tokens, exchange.count_input = prompt_tokens, None

@@ -161,3 +161,66 @@ def test_the_policy_may_tell_every_client_everything(
     stub.mode = "unavailable"
     down = client.post(f"{gateway}/v1/chat/completions", json=CHAT)
     assert "t1 answered 503" in down.json()["error"]["message"]
+
+
+LEAK = "RuntimeError: CUDA error at 10.1.2.3:8000 (/opt/vllm/engine.py:42)"  # a tier's text
+
+
+def _stream_events(client: httpx.Client, url: str, body: dict[str, Any]) -> list[str]:
+    with client.stream("POST", url, json={**body, "stream": True}) as response:
+        assert response.status_code == 200
+        return [line for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def _error(event: str) -> dict[str, Any]:
+    return dict(json.loads(event.removeprefix("data: "))["error"])
+
+
+def test_a_tiers_error_text_never_reaches_a_client_with_minimal_detail(
+    make_stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    """Issue 35, item 12: a tier's JSON error body, its error event in a stream that cannot
+    be continued, and its 4xx error event in one that can are each the gateway's own error."""
+    tier, other = make_stub(), make_stub()
+    tier.error_message = LEAK
+    gateway = start_gateway(tier.url, other.url)
+    url = f"{gateway}/v1/chat/completions"
+    tier.mode = "server_error"  # a whole answer's error body
+    answer = client.post(url, json=CHAT)
+    assert answer.status_code == 500
+    failed = {"message": "the model server failed", "type": "server_error", "param": None}
+    assert answer.json()["error"] == {**failed, "code": "upstream_error"}
+    tier.mode = "bad_request"
+    answer = client.post(url, json=CHAT)
+    assert answer.status_code == 400
+    rejected = {"message": "the model server rejected the request", "param": "max_tokens"}
+    assert answer.json()["error"] == {
+        **rejected,
+        "type": "invalid_request_error",
+        "code": "upstream_rejected",
+    }
+    tier.mode = "error_event"
+    events = _stream_events(client, url, {**CHAT, "n": 2})  # cannot be continued
+    assert _error(events[-2])["code"] == "upstream_error" and events[-1] == "data: [DONE]"
+    tier.error_code = 400  # a continuable stream's 4xx event is not continued
+    events = _stream_events(client, url, CHAT)
+    assert _error(events[-2])["code"] == "upstream_rejected" and events[-1] == "data: [DONE]"
+    assert other.requests == []
+    assert not any(LEAK in text for text in events)
+    assert not any(part in answer.text for part in ("10.1.2.3", "RuntimeError"))
+
+
+def test_a_tiers_error_text_reaches_clients_with_full_detail(
+    make_stub: Any, start_gateway: Any, client: httpx.Client, tmp_path: Path
+) -> None:
+    tier, other = make_stub(), make_stub()
+    tier.error_message = LEAK
+    policy = _full_policy(tmp_path, "full")
+    gateway = start_gateway(tier.url, other.url, policy_path=policy, watch_policy=False)
+    url = f"{gateway}/v1/chat/completions"
+    tier.mode = "server_error"
+    assert client.post(url, json=CHAT).json()["error"]["message"] == LEAK
+    tier.mode, tier.error_code = "error_event", 400
+    for body in (CHAT, {**CHAT, "n": 2}):
+        error = _error(_stream_events(client, url, body)[-2])
+        assert (error["message"], error["code"]) == (LEAK, 400)  # as the tier sent it

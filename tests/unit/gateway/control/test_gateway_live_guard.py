@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from gateway.config import hash_key
-from gateway.control.live_guard import GuardSettings, LiveGuard
+from gateway.control.live_guard import GuardSettings, LiveGuard, per_who_cap
 from gateway.policy.schema import PolicyError, parse_policy
 from tests.integration.conftest import wait_until
 from tests.unit.gateway.conftest import StubTier
@@ -45,6 +45,32 @@ def test_the_window_forgets_old_answers() -> None:
     for score in (0.0, 1.0, 1.0, 1.0, 1.0):  # window 4: the zero is gone at the end
         assert not guard.record(SETTINGS, "t", "tolerant", score)
     assert guard.mean("t", "tolerant") == 1.0
+
+
+def test_one_asker_failing_again_and_again_does_not_move_the_class_many_do() -> None:
+    """Issue 35, item 16: one asker's failing samples count at most ``per_who``."""
+    capped = GuardSettings(window=10, min_samples=4, floors={"tolerant": 0.5}, per_who=2)
+    guard = LiveGuard()
+    for _ in range(50):  # one tenant asking for degenerate answers on purpose
+        assert not guard.record(capped, "int4", "tolerant", 0.0, "escalation", "key:a")
+    assert guard.samples("int4", "tolerant", "escalation") == 2
+    for _ in range(20):  # everyone else's answers are fine: the class keeps its tier
+        assert not guard.record(capped, "int4", "tolerant", 1.0, "escalation", "key:b")
+    assert not guard.record(capped, "int4", "tolerant", 0.0, "escalation", "key:a")
+    assert guard.classes_withheld("int4") == frozenset()
+    tripped = [
+        guard.record(capped, "int8", "tolerant", 0.0, "escalation", f"key:{i}") for i in range(4)
+    ]
+    assert tripped == [False, False, False, True]  # many tenants' failures: withheld
+    uncapped = GuardSettings(window=10, min_samples=4, floors={"tolerant": 0.5})
+    assert [guard.record(uncapped, "fp16", "tolerant", 0.0, "escalation", "key:a")
+            for _ in range(4)] == [False, False, False, True]  # fmt: skip
+
+
+def test_one_asker_alone_never_reaches_the_rate_that_trips() -> None:
+    for max_rate, min_samples in ((0.5, 4), (0.2, 20), (0.3, 7), (0.01, 20)):
+        cap = per_who_cap(max_rate, min_samples)
+        assert cap >= 1 and (cap / min_samples <= max_rate or cap == 1)
 
 
 def test_the_policy_checks_guard_classes_and_floors() -> None:

@@ -15,6 +15,7 @@ from gateway.request.continuation import (
     SentEvents,
     complete_events,
     continuation_body,
+    ends_answer,
     length_ending,
     read_sent,
     split_error,
@@ -261,3 +262,12 @@ def test_the_rewriter_counts_completion_text_offsets_from_the_answers_start() ->
     )
     moved = json.loads(out.removeprefix(b"data: "))["choices"][0]["logprobs"]
     assert moved["text_offset"] == [5, 6] and moved["tokens"] == [",", " 5"]
+
+
+def test_what_says_an_answer_ended() -> None:
+    """A finish_reason that is a string, or [DONE], in vLLM's compact JSON or spaced."""
+    assert ends_answer(DONE) and ends_answer(b'data: {"finish_reason":"stop"}\n\n')
+    assert ends_answer(b'{"choices":[{"finish_reason": "length"}]}')
+    assert ends_answer(b'{"finish_reason":null}\n\n{"finish_reason":"stop"}')
+    for going_on in (b'{"finish_reason":null}', b'{"finish_reason": null}', b'{"content":"x"}'):
+        assert not ends_answer(going_on)

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from gateway.config import TierEndpoint
 from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
-from gateway.request.exchange import Exchange, SSECounter, usage_tokens
+from gateway.request.exchange import Exchange, SSECounter
 from gateway.request.relay import whole_response
 from gateway.shared.state import SharedState
 from gateway.telemetry import build_tracer_provider
@@ -143,12 +143,6 @@ def test_sse_counter_reads_usage_or_counts_events_and_knows_the_outcome() -> Non
     assert counter.status == 200
     counter.failure = 502
     assert counter.status == 502
-
-
-def test_usage_tokens_of_a_whole_answer() -> None:
-    assert usage_tokens(b'{"usage": {"prompt_tokens": 5, "completion_tokens": 9}}') == (5, 9)
-    assert usage_tokens(b"not json") == (None, None)
-    assert usage_tokens(b'{"usage": null}') == (None, None)
 
 
 @pytest.mark.parametrize("send_fails", [False, True], ids=["sent", "send failed"])

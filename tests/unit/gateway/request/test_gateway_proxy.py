@@ -182,9 +182,9 @@ def test_relays_upstream_client_error_in_openai_shape(
     stub.mode = "bad_request"  # vLLM's flat error body
     gateway = start_gateway(stub.url)
     response = client.post(f"{gateway}/v1/chat/completions", json={**CHAT, "max_tokens": 5})
-    error = assert_error_shape(response, 400)
-    assert error["message"] == "bad max_tokens"
-    assert error["param"] == "max_tokens"
+    error = assert_error_shape(response, 400)  # the tier's text is its own (errors.detail)
+    assert error["message"] == "the model server rejected the request"
+    assert error["param"] == "max_tokens" and error["code"] == "upstream_rejected"
     assert response.headers["x-route-tier"] == "t0"
 
 

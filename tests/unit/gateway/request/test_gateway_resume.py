@@ -166,15 +166,14 @@ def test_a_tier_saying_the_request_is_wrong_is_not_continued(
     make_stub: Any, start_gateway: Any, client: httpx.Client
 ) -> None:
     """An error event with a 4xx code (vLLM's for a request it finds wrong mid-stream) would
-    come back from every tier: the client gets it as the tier sent it."""
+    come back from every tier: the client gets the gateway's error for it (its text is the
+    tier's own: tests/unit/gateway/test_gateway_errors.py)."""
     failing, healthy = make_stub(), make_stub()
     failing.mode, failing.error_code = "error_event", 400
     gateway = start_gateway(failing.url, healthy.url)
     lines = _stream(client, f"{gateway}/v1/chat/completions", CHAT)
     payloads = _payloads(lines)
-    assert (
-        payloads[-1]["error"]["code"] == 400 and payloads[-1]["error"]["message"] == "engine died"
-    )
+    assert payloads[-1]["error"]["code"] == "upstream_rejected"
     assert lines[-1] == "data: [DONE]" and lines.count("data: [DONE]") == 1
     assert healthy.requests == []
 
@@ -190,4 +189,60 @@ def test_an_answer_ended_at_its_length_has_the_usage_asked_for(
     assert len(usage) == 1 and usage[0]["completion_tokens"] == 2
     assert usage[0]["total_tokens"] == usage[0]["prompt_tokens"] + 2
     assert payloads[-1]["choices"] == [] and payloads[-2]["choices"][0]["finish_reason"] == "length"
+    assert healthy.requests == []
+
+
+def test_a_stream_cut_cleanly_mid_answer_goes_on_on_the_next_tier(
+    make_stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    """A tier stream that closes cleanly with neither a finish_reason nor [DONE] was cut
+    mid-answer (issue 35, item 7): continued as a broken connection is, never a whole 200."""
+    cut, healthy = make_stub(), make_stub()
+    cut.mode = "cut"
+    gateway = start_gateway(cut.url, healthy.url)
+    lines = _stream(client, f"{gateway}/v1/chat/completions", CHAT)
+    payloads = _payloads(lines)
+    assert not any("error" in p for p in payloads), lines
+    text = "".join(p["choices"][0]["delta"].get("content") or "" for p in payloads)
+    assert text == "w0 w1 w0 w1 w2 " and lines[-1] == "data: [DONE]"
+    assert healthy.last_request["body"]["messages"][-1]["content"] == "w0 w1 "
+
+
+def test_a_stream_cut_cleanly_with_no_tier_left_ends_with_an_error_and_is_a_failure(
+    make_stub: Any, start_gateway: Any, client: httpx.Client, refused_url: str
+) -> None:
+    cut = make_stub()
+    cut.mode = "cut"
+    gateway = start_gateway(cut.url, refused_url)
+    lines = _stream(client, f"{gateway}/v1/chat/completions", CHAT)
+    assert _payloads(lines)[-1]["error"]["code"] == "upstream_error"
+    assert lines[-1] == "data: [DONE]" and lines.count("data: [DONE]") == 1
+    metrics = client.get(f"{gateway}/metrics").text
+    assert 'status="502"' in metrics and 'status="200"' not in metrics
+
+
+def test_a_stream_that_cannot_be_continued_cut_cleanly_ends_with_an_error(
+    make_stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    cut, healthy = make_stub(), make_stub()
+    cut.mode = "cut"
+    gateway = start_gateway(cut.url, healthy.url)
+    lines = _stream(client, f"{gateway}/v1/chat/completions", {**CHAT, "n": 2})  # plain relay
+    assert _payloads(lines)[-1]["error"]["code"] == "upstream_error"
+    assert lines[-1] == "data: [DONE]" and healthy.requests == []
+    metrics = client.get(f"{gateway}/metrics").text
+    assert 'status="502"' in metrics and 'status="200"' not in metrics
+
+
+def test_a_finished_stream_missing_only_its_done_is_an_answer_and_gets_its_done(
+    make_stub: Any, start_gateway: Any, client: httpx.Client
+) -> None:
+    tier, healthy = make_stub(), make_stub()
+    tier.mode = "no_done"
+    gateway = start_gateway(tier.url, healthy.url)
+    for body in (CHAT, {**CHAT, "n": 2}):  # continuable, and the plain relay
+        lines = _stream(client, f"{gateway}/v1/chat/completions", body)
+        payloads = _payloads(lines)
+        assert not any("error" in p for p in payloads), lines
+        assert payloads[-1]["choices"][0]["finish_reason"] == "stop"
     assert healthy.requests == []

@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 
+from gateway.config import hash_key
 from gateway.request.degeneration import LoopCheck, ScriptCheck
 from gateway.request.stream_watch import KEEP, StreamWatch
 
@@ -205,7 +206,7 @@ def test_a_tier_that_keeps_escalating_a_class_is_withheld_from_it(
 ) -> None:
     looping, healthy = make_stub(), make_stub()
     looping.stream_texts = ["Hi ", *["KISS"] * 30]
-    guard = "{window: 4, min_samples: 2, max_rate: 0.5}"
+    guard = "{window: 4, min_samples: 2, max_rate: 0.5, per_key: false}"  # one client
     policy = two_tier_policy(escalation=f"{{tiers: [t0], holdback_chars: 64, guard: {guard}}}")
     gateway = start_gateway(looping.url, healthy.url, policy_path=policy, watch_policy=False)
     url = f"{gateway}/v1/chat/completions"
@@ -265,3 +266,38 @@ def test_a_tier_losing_confidence_is_escalated_when_the_client_asked_logprobs(
     # Asked without logprobs, the same answer carries none to judge: not escalated.
     unsure.stream_logprobs = None
     assert _content(_stream(client, f"{gateway}/v1/chat/completions")) == "Paris is zqvxwykj"
+
+
+def test_one_key_cannot_withhold_a_tier_from_a_class_many_keys_can(
+    make_stub: Any, start_gateway: Any, client: httpx.Client, two_tier_policy: Any
+) -> None:
+    """Issue 35, item 16: with escalation.guard.per_key (the default), one API key's escalated
+    streams count at most max(1, max_rate x min_samples) of a window."""
+    looping, healthy = make_stub(), make_stub()
+    looping.stream_texts = ["Hi ", *["KISS"] * 30]
+    guard = "{window: 10, min_samples: 4, max_rate: 0.5}"  # one key counts at most 2
+    policy = two_tier_policy(escalation=f"{{tiers: [t0], holdback_chars: 64, guard: {guard}}}")
+    keys = [f"key-{i}" for i in range(3)]
+    gateway = start_gateway(
+        looping.url, healthy.url, policy_path=policy, watch_policy=False,
+        api_key_hashes=[hash_key(key) for key in keys],
+    )  # fmt: skip
+    url = f"{gateway}/v1/chat/completions"
+
+    def escalates(key: str) -> bool:
+        headers = {"Authorization": f"Bearer {key}"}
+        with client.stream("POST", url, json={**CHAT, "stream": True}, headers=headers) as answer:
+            lines = [line for line in answer.iter_lines() if line]
+            return answer.headers["x-route-tier"] == "t0" and any("degenerated" in x for x in lines)
+
+    for _ in range(6):  # one tenant, escalating every time: the class keeps its tier
+        assert escalates(keys[0])
+    metrics = client.get(f"{gateway}/metrics").text
+    assert "gateway_live_guard_trips_total{" not in metrics
+    assert escalates(keys[1])  # a second tenant's two: four of four count, over 50 %
+    assert escalates(keys[1])
+    with client.stream("POST", url, json={**CHAT, "stream": True},
+                       headers={"Authorization": f"Bearer {keys[2]}"}) as answer:  # fmt: skip
+        assert answer.headers["x-route-tier"] == "t1"  # t0 withheld from the class
+    metrics = client.get(f"{gateway}/metrics").text
+    assert 'gateway_live_guard_trips_total{class="tolerant",tier="t0"} 1.0' in metrics
