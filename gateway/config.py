@@ -201,6 +201,10 @@ class GatewayConfig(BaseModel):
     max_connections_per_client: int | None = Field(default=64, gt=0)
     header_timeout: float = Field(default=10.0, gt=0)
     keep_alive_timeout: int = Field(default=5, gt=0)
+    # Seconds an answer may wait on a client that reads nothing (its connection's write buffer
+    # stays past the high-water mark): then the connection is aborted and its slot freed
+    # (NGINX's send_timeout).
+    send_timeout: float = Field(default=60.0, gt=0)
     forwarded_allow_ips: list[str] = Field(default_factory=list)
     # How uvicorn serves (gateway/server.py): the llhttp parser (httptools) or h11, on the
     # libuv event loop (uvloop) or asyncio's own. A request's head (request line and headers)

@@ -11,6 +11,11 @@
   on httptools, which buffers a head of any size, the protocol counts); and one client address
   may hold at most ``max_connections_per_client`` connections (the next one is closed at once).
   Trusted proxies (``forwarded_allow_ips``) carry many clients and are not bounded per address.
+  An answer must make progress: once the connection's write buffer is past its high-water mark
+  (the client stopped reading; uvicorn pauses the app's ``send``), the client has
+  ``send_timeout`` seconds to read it back under the low-water mark, else the connection is
+  aborted and the request's slot freed (NGINX's ``send_timeout``, between two successive
+  writes; counted in ``gateway_slow_clients_aborted_total``, logged at info).
   Bodies are timed by the app (``body_timeout``, gateway/request/proxy.py).
 - ``loop``: uvloop (libuv) or asyncio's own event loop (``event_loop``).
 - ``access_log``: off unless configured (gateway/request_log.py logs a sample instead).
@@ -37,6 +42,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.config import GatewayConfig
+from gateway.serving import serving_state
 
 logger = logging.getLogger(__name__)
 _LOG_EVERY = 60.0  # seconds between two log lines about refused connections
@@ -52,6 +58,7 @@ def server_options(config: GatewayConfig) -> dict[str, Any]:
             Trusted(proxies),
             parser=config.http_parser,
             max_head_bytes=config.max_head_bytes,
+            send_timeout=config.send_timeout,
         ),
         "h11_max_incomplete_event_size": config.max_head_bytes,
         "loop": config.event_loop,
@@ -99,9 +106,11 @@ class ConnectionLimits:
     per_client: int | None = None
     trusted: Trusted = Trusted([])
     max_head_bytes: int = 65_536
+    send_timeout: float = 60.0
     _refused_logged_at = 0.0
 
     _head_timer: asyncio.TimerHandle | None = None
+    _send_timer: asyncio.TimerHandle | None = None
     # uvicorn's protocol state, as both protocols name it
     client: tuple[str, int] | None
     connections: set[Any]
@@ -133,7 +142,38 @@ class ConnectionLimits:
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
         super().connection_lost(exc)  # type: ignore[misc]
+
+    def pause_writing(self) -> None:
+        """The write buffer passed its high-water mark: the client must read within
+        ``send_timeout`` seconds."""
+        super().pause_writing()  # type: ignore[misc]
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.send_timeout, self._send_stalled)
+
+    def resume_writing(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+        super().resume_writing()  # type: ignore[misc]
+
+    def _send_stalled(self) -> None:
+        """The client read nothing back for ``send_timeout`` s: abort the connection, which
+        ends the request (its disconnect) and frees its slot."""
+        self._send_timer = None
+        if self.transport.is_closing():
+            return
+        serving_state(self.loop).slow_clients_aborted += 1
+        host = self.client[0] if self.client else "?"
+        logger.info(
+            "client %s read nothing of its answer for %.0f s (send_timeout): connection aborted",
+            host,
+            self.send_timeout,
+        )
+        self.transport.abort()
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is not None:
@@ -194,6 +234,7 @@ def protocol_class(
     *,
     parser: str = "httptools",
     max_head_bytes: int = 65_536,
+    send_timeout: float = 60.0,
 ) -> type[ConnectionLimits]:
     """The ``parser``'s protocol with these limits (uvicorn builds one instance per
     connection)."""
@@ -208,5 +249,6 @@ def protocol_class(
             "per_client": per_client,
             "trusted": trusted,
             "max_head_bytes": max_head_bytes,
+            "send_timeout": send_timeout,
         },
     )
