@@ -205,6 +205,10 @@ class GatewayConfig(BaseModel):
     # stays past the high-water mark): then the connection is aborted and its slot freed
     # (NGINX's send_timeout).
     send_timeout: float = Field(default=60.0, gt=0)
+    # Seconds a shutdown (SIGTERM) lets requests finish; streams still open then end with an
+    # error event (503 shutting_down) and [DONE]. Keep it below the orchestrator's grace period
+    # less 2 s (compose's stop_grace_period and Kubernetes' terminationGracePeriodSeconds: 30).
+    shutdown_timeout: float = Field(default=20.0, gt=0)
     forwarded_allow_ips: list[str] = Field(default_factory=list)
     # How uvicorn serves (gateway/server.py): the llhttp parser (httptools) or h11, on the
     # libuv event loop (uvloop) or asyncio's own. A request's head (request line and headers)

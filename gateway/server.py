@@ -25,6 +25,12 @@
   only from the configured proxies; none by default (uvicorn's default believes 127.0.0.1, which
   let a local client pick its own address and dodge per-address limits).
 - ``server_header``: off (no ``server: uvicorn`` on answers).
+- ``timeout_graceful_shutdown``: on SIGTERM uvicorn stops accepting and lets requests finish;
+  streams still open after ``shutdown_timeout`` end with an error event (503
+  ``shutting_down``) and ``[DONE]`` (gateway/serving.py, Envoy's drain and NGINX's
+  ``worker_shutdown_timeout``); ``SHUTDOWN_FLUSH`` seconds later uvicorn cancels what is
+  left, and the process exits. The orchestrator's grace period must exceed both (compose's
+  ``stop_grace_period`` and the Deployment's ``terminationGracePeriodSeconds`` are 30 s).
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ from gateway.serving import serving_state
 
 logger = logging.getLogger(__name__)
 _LOG_EVERY = 60.0  # seconds between two log lines about refused connections
+# Seconds past shutdown_timeout before uvicorn cancels what is left: the drained streams'
+# error events are written meanwhile (gateway/request/relay.py gives them 1 s).
+SHUTDOWN_FLUSH = 2.0
 
 
 def server_options(config: GatewayConfig) -> dict[str, Any]:
@@ -59,7 +68,9 @@ def server_options(config: GatewayConfig) -> dict[str, Any]:
             parser=config.http_parser,
             max_head_bytes=config.max_head_bytes,
             send_timeout=config.send_timeout,
+            shutdown_timeout=config.shutdown_timeout,
         ),
+        "timeout_graceful_shutdown": config.shutdown_timeout + SHUTDOWN_FLUSH,
         "h11_max_incomplete_event_size": config.max_head_bytes,
         "loop": config.event_loop,
         "access_log": config.access_log,
@@ -107,6 +118,7 @@ class ConnectionLimits:
     trusted: Trusted = Trusted([])
     max_head_bytes: int = 65_536
     send_timeout: float = 60.0
+    shutdown_timeout: float = 20.0
     _refused_logged_at = 0.0
 
     _head_timer: asyncio.TimerHandle | None = None
@@ -146,6 +158,12 @@ class ConnectionLimits:
             self._send_timer.cancel()
             self._send_timer = None
         super().connection_lost(exc)  # type: ignore[misc]
+
+    def shutdown(self) -> None:
+        """uvicorn is shutting down (SIGTERM): streams still open after ``shutdown_timeout``
+        will be ended (gateway/serving.py)."""
+        serving_state(self.loop).begin_drain(self.shutdown_timeout)
+        super().shutdown()  # type: ignore[misc]
 
     def pause_writing(self) -> None:
         """The write buffer passed its high-water mark: the client must read within
@@ -235,6 +253,7 @@ def protocol_class(
     parser: str = "httptools",
     max_head_bytes: int = 65_536,
     send_timeout: float = 60.0,
+    shutdown_timeout: float = 20.0,
 ) -> type[ConnectionLimits]:
     """The ``parser``'s protocol with these limits (uvicorn builds one instance per
     connection)."""
@@ -250,5 +269,6 @@ def protocol_class(
             "trusted": trusted,
             "max_head_bytes": max_head_bytes,
             "send_timeout": send_timeout,
+            "shutdown_timeout": shutdown_timeout,
         },
     )

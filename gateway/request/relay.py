@@ -6,7 +6,8 @@
   (gateway/request/resumable.py), else ends the stream with one SSE error event, never a second
   answer. However the stream ends (done, failed, client gone) the upstream connection is
   closed, which makes vLLM abort the generation, and the exchange it was handed is told (which
-  finishes it).
+  finishes it). A stream still open when a shutdown's ``shutdown_timeout`` is up ends with an
+  error event (503 ``shutting_down``) and ``[DONE]`` (gateway/serving.py).
 - ``unless_client_leaves`` cancels a non-streamed exchange when the client disconnects.
 """
 
@@ -32,6 +33,7 @@ from gateway.request.exchange import Exchange, SSECounter
 from gateway.request.resumable import relay_resumable
 from gateway.request.stream_usage import without_usage
 from gateway.request.upstream import Upstream, aclose_quietly
+from gateway.serving import serving_state
 
 if TYPE_CHECKING:
     from gateway.request.resume import Resumer
@@ -41,6 +43,15 @@ __all__ = ["NO_SERVER", "UpstreamStreamingResponse", "open_chain", "relay_sse", 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# What a stream still open at the end of a shutdown's drain is told (gateway/serving.py), and
+# the seconds given to telling it.
+SHUTTING_DOWN = APIError(
+    503,
+    "the gateway is shutting down; send the request again",
+    SERVER_ERROR,
+    code="shutting_down",
+)
+_FLUSH = 1.0
 
 
 def normalise_error(
@@ -195,17 +206,35 @@ class UpstreamStreamingResponse(StreamingResponse):
         # two (uvicorn speaks ASGI 2.3); the stream runs here, cancelled by one watcher task.
         # A send that fails (ASGI 2.4 servers raise OSError once the client has gone) is the
         # client's disconnect, as in Starlette.
+        # A shutdown that outlasts shutdown_timeout ends the stream (gateway/serving.py): it is
+        # cancelled like a disconnect, then told why in an error event and [DONE].
+        serving = serving_state()
+        shut: list[bool] = []
         try:
-            with anyio.CancelScope() as cancel:
-                watcher = asyncio.get_running_loop().create_task(
-                    _cancel_on_disconnect(receive, cancel)
-                )
-                try:
-                    await self.stream_response(send)
-                except OSError as exc:
-                    raise ClientDisconnect() from exc
-                finally:
-                    watcher.cancel()
+            serving_drained_first = serving.drained
+            if serving_drained_first:  # the server is past its drain deadline: nothing relayed
+                shut.append(True)
+            else:
+                with anyio.CancelScope() as cancel:
+
+                    def end() -> None:
+                        shut.append(True)
+                        cancel.cancel()
+
+                    serving.add_stream(self, end)
+                    watcher = asyncio.get_running_loop().create_task(
+                        _cancel_on_disconnect(receive, cancel)
+                    )
+                    try:
+                        await self.stream_response(send)
+                    except OSError as exc:
+                        raise ClientDisconnect() from exc
+                    finally:
+                        watcher.cancel()
+                        serving.remove_stream(self)
+            if shut:
+                self._counter.failure = SHUTTING_DOWN.status
+                await self._end_for_shutdown(send, started=not serving_drained_first)
         finally:
             # A client disconnect cancels the streaming task; close what it left open,
             # which drops the tier connection so vLLM aborts the generation.
@@ -219,6 +248,25 @@ class UpstreamStreamingResponse(StreamingResponse):
                     resumed = resumer is not None and resumer.resumed
                     prompt = None if resumed else counter.prompt_tokens
                     await self._exchange.stream_ended(counter.status, counter.tokens, prompt)
+
+    async def _end_for_shutdown(self, send: Send, started: bool) -> None:
+        """End the stream with the shutdown's error event and [DONE], within ``_FLUSH``
+        seconds (a client that does not read is not waited for). The blank line first ends an
+        event the tier's last chunk may have left open (a spare one is ignored)."""
+        with anyio.move_on_after(_FLUSH):
+            try:
+                if not started:
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": self.status_code,
+                            "headers": self.raw_headers,
+                        }
+                    )
+                event = b"\n\n" + sse_error_event(SHUTTING_DOWN, True)
+                await send({"type": "http.response.body", "body": event, "more_body": False})
+            except (OSError, RuntimeError):
+                pass  # the client is gone, or the answer had just ended (uvicorn refuses more)
 
 
 async def unless_client_leaves(request: Request, work: Callable[[], Awaitable[T]]) -> T | None:

@@ -14,6 +14,7 @@ from backends.spec import SpecError, parse_spec
 from backends.tier_plan import VariantInfo
 from backends.vllm_args import build_argv
 from gateway.config import GatewayConfig
+from gateway.server import SHUTDOWN_FLUSH
 from model_optimizer.kubernetes.options import KubeOptions, OptionsError
 from model_optimizer.kubernetes.render import Sources, render
 
@@ -119,6 +120,10 @@ def test_gateway_probes_replicas_budget_and_autoscaler() -> None:
     }
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (3, 9)
     assert "cpu" in container["resources"]["requests"]  # the autoscaler's utilization needs it
+    # SIGKILL comes after the gateway's whole shutdown bound (gateway/server.py), never midway
+    grace = gateway["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    default = GatewayConfig.model_fields["shutdown_timeout"].default
+    assert grace > default + SHUTDOWN_FLUSH
 
 
 def test_tier_probes_come_from_the_specs_restart_policy() -> None:
