@@ -156,6 +156,9 @@ class GatewayConfig(BaseModel):
     model_name: str = Field(min_length=1)
     tiers: list[TierEndpoint] = Field(min_length=1)
     connect_timeout: float = Field(default=5.0, gt=0)
+    # Seconds /readyz waits for one tier to be found healthy and routed before answering 503
+    # (below the Deployment's readiness probe timeout, 3 s); the first such tier answers it.
+    readiness_timeout: float = Field(default=2.0, gt=0)
     read_timeout: float = Field(default=600.0, gt=0)
     max_body_bytes: int = Field(default=1_000_000, gt=0)
     # Seconds a client may take to send a completion request's whole body (past it: 408 and

@@ -107,6 +107,9 @@ def test_gateway_probes_replicas_budget_and_autoscaler() -> None:
     [container] = gateway["spec"]["template"]["spec"]["containers"]
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # /readyz answers within readiness_timeout, inside the probe's own timeout
+    readiness = GatewayConfig.model_fields["readiness_timeout"].default
+    assert container["readinessProbe"]["timeoutSeconds"] > readiness
     assert container["command"][-4:] == ["--host", "0.0.0.0", "--port", "8000"]
     pod_labels = gateway["spec"]["template"]["metadata"]["labels"]
     pdb = _one(objects, "PodDisruptionBudget", "gateway")
