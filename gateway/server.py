@@ -7,8 +7,9 @@
   uvicorn lacks (``ConnectionLimits``): a request's head (request line and headers) must arrive
   within ``header_timeout`` seconds of the connection opening or of the previous answer ending,
   else the connection is closed (uvicorn waits for a head forever, and its keep-alive timer
-  restarts with every byte); a head may take at most ``max_head_bytes`` (h11 bounds it itself;
-  on httptools, which buffers a head of any size, the protocol counts); and one client address
+  restarts with every byte); a head may take at most ``max_head_bytes`` (h11 bounds an
+  incomplete one itself; on httptools, which buffers a head of any size, the protocol counts;
+  a whole head arriving in one read is measured on both); and one client address
   may hold at most ``max_connections_per_client`` connections (the next one is closed at once).
   Trusted proxies (``forwarded_allow_ips``) carry many clients and are not bounded per address.
   An answer must make progress: once the connection's write buffer is past its high-water mark
@@ -39,10 +40,12 @@ import asyncio
 import copy
 import ipaddress
 import logging
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
 
+import h11
 from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -214,23 +217,62 @@ class ConnectionLimits:
                 self.per_client,
             )
 
+    def _head_over_limit(self, data: bytes, before: int) -> bool:
+        """Whether a head ending in ``data`` (``before`` of its bytes came earlier) is larger
+        than ``max_head_bytes``; only asked once the bytes counted pass the limit (both parsers
+        bound only an incomplete head: a whole one in one read got through)."""
+        end = _HEAD_END.search(data)
+        return end is not None and before + end.end() > self.max_head_bytes
+
+    def _refuse_head(self) -> None:
+        """400 and close, nothing of the request parsed (both parsers alike)."""
+        if not self.transport.is_closing():
+            self.transport.write(_HEAD_TOO_LARGE)
+            self.transport.close()
+
+
+_HEAD_END = re.compile(rb"\n\r?\n")  # a head's blank line (llhttp and h11 take bare LFs too)
+_HEAD_TOO_LARGE = (
+    b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"connection: close\r\ncontent-length: 23\r\n\r\nRequest head too large."
+)
+
 
 class GatewayProtocol(ConnectionLimits, H11Protocol):
-    """uvicorn's h11 protocol with the gateway's limits (h11 bounds a head's size itself:
-    ``h11_max_incomplete_event_size``)."""
+    """uvicorn's h11 protocol with the gateway's limits: h11 bounds an incomplete head
+    (``h11_max_incomplete_event_size``), the bytes of a head that arrives whole are counted
+    here."""
+
+    _head_bytes = 0  # bytes received while h11 awaited a request head
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE:
+            before = self._head_bytes
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_head_bytes and self._head_over_limit(data, before):
+                self._refuse_head()
+                return
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:
+            self._head_bytes = 0  # the head is in: the next one counts from its first byte
 
 
 class GatewayHttpToolsProtocol(ConnectionLimits, HttpToolsProtocol):
     """uvicorn's httptools protocol with the gateway's limits, and a bound on a head's size:
     llhttp buffers a header of any length, so the bytes received while a head is incomplete
-    are counted, and past ``max_head_bytes`` the client gets a 400 and the connection closes."""
+    are counted, and past ``max_head_bytes`` the client gets a 400 and the connection closes,
+    whether the head is still incomplete or arrived whole in one read."""
 
     _awaiting_head = True  # no head yet since the connection opened or the last body ended
     _head_bytes = 0
 
     def data_received(self, data: bytes) -> None:
         if self._awaiting_head:
+            before = self._head_bytes
             self._head_bytes += len(data)
+            if self._head_bytes > self.max_head_bytes and self._head_over_limit(data, before):
+                self._refuse_head()
+                return
         super().data_received(data)  # the head's end, if in ``data``, clears _awaiting_head
         too_large = self._awaiting_head and self._head_bytes > self.max_head_bytes
         if too_large and not self.transport.is_closing():
