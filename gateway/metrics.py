@@ -334,7 +334,7 @@ class EndpointCollector(Collector):
 
 class ServingCollector(Collector):
     """Renders the connection layer's counts of the app's event loop (gateway/serving.py):
-    connections aborted because their client stopped reading, streams ended by a shutdown.
+    connections aborted because their client stopped reading, answers ended by a shutdown.
     ``state`` is set when the app starts (no samples before)."""
 
     def __init__(self) -> None:
@@ -346,10 +346,10 @@ class ServingCollector(Collector):
             "Connections aborted because the client read nothing of its answer for send_timeout.",
         )
         drained = CounterMetricFamily(
-            "gateway_streams_drained",
-            "Streams ended with a shutting_down error event, still open at shutdown_timeout.",
+            "gateway_answers_drained",
+            "Answers (streams, whole) still in progress at shutdown_timeout, ended with 503.",
         )
         if self.state is not None:
             aborted.add_metric([], self.state.slow_clients_aborted)
-            drained.add_metric([], self.state.streams_drained)
+            drained.add_metric([], self.state.answers_drained)
         yield from (aborted, drained)

@@ -8,7 +8,8 @@
   closed, which makes vLLM abort the generation, and the exchange it was handed is told (which
   finishes it). A stream still open when a shutdown's ``shutdown_timeout`` is up ends with an
   error event (503 ``shutting_down``) and ``[DONE]`` (gateway/serving.py).
-- ``unless_client_leaves`` cancels a non-streamed exchange when the client disconnects.
+- ``unless_client_leaves`` cancels a non-streamed exchange when the client disconnects, and
+  answers 503 ``shutting_down`` when a shutdown's ``shutdown_timeout`` is up.
 """
 
 from __future__ import annotations
@@ -43,15 +44,18 @@ __all__ = ["NO_SERVER", "UpstreamStreamingResponse", "open_chain", "relay_sse", 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-# What a stream still open at the end of a shutdown's drain is told (gateway/serving.py), and
-# the seconds given to telling it.
-SHUTTING_DOWN = APIError(
-    503,
-    "the gateway is shutting down; send the request again",
-    SERVER_ERROR,
-    code="shutting_down",
-)
-_FLUSH = 1.0
+_FLUSH = 1.0  # seconds a stream ended by a shutdown is given to send its error event
+
+
+def shutting_down() -> APIError:
+    """What an answer still in progress when a shutdown's drain ends is told
+    (gateway/serving.py): a stream in its error event, a whole answer as its status."""
+    return APIError(
+        503,
+        "the gateway is shutting down; send the request again",
+        SERVER_ERROR,
+        code="shutting_down",
+    )
 
 
 def normalise_error(
@@ -221,7 +225,7 @@ class UpstreamStreamingResponse(StreamingResponse):
                         shut.append(True)
                         cancel.cancel()
 
-                    serving.add_stream(self, end)
+                    serving.track(self, end)
                     watcher = asyncio.get_running_loop().create_task(
                         _cancel_on_disconnect(receive, cancel)
                     )
@@ -231,9 +235,9 @@ class UpstreamStreamingResponse(StreamingResponse):
                         raise ClientDisconnect() from exc
                     finally:
                         watcher.cancel()
-                        serving.remove_stream(self)
+                        serving.untrack(self)
             if shut:
-                self._counter.failure = SHUTTING_DOWN.status
+                self._counter.failure = 503
                 await self._end_for_shutdown(send, started=not serving_drained_first)
         finally:
             # A client disconnect cancels the streaming task; close what it left open,
@@ -263,7 +267,7 @@ class UpstreamStreamingResponse(StreamingResponse):
                             "headers": self.raw_headers,
                         }
                     )
-                event = b"\n\n" + sse_error_event(SHUTTING_DOWN, True)
+                event = b"\n\n" + sse_error_event(shutting_down(), True)
                 await send({"type": "http.response.body", "body": event, "more_body": False})
             except (OSError, RuntimeError):
                 pass  # the client is gone, or the answer had just ended (uvicorn refuses more)
@@ -277,7 +281,15 @@ async def unless_client_leaves(request: Request, work: Callable[[], Awaitable[T]
     ``work`` runs in this task, inside a cancel scope that a watcher task cancels on the
     client's disconnect (one task a request, not a task group of two).
     """
+    serving = serving_state()
+    shut: list[bool] = []
     with anyio.CancelScope() as scope:
+
+        def end() -> None:
+            shut.append(True)
+            scope.cancel()
+
+        serving.track(scope, end)  # a shutdown's deadline ends it too (gateway/serving.py)
         watcher = asyncio.get_running_loop().create_task(
             _cancel_on_disconnect(request.receive, scope)
         )
@@ -285,6 +297,9 @@ async def unless_client_leaves(request: Request, work: Callable[[], Awaitable[T]
             return await work()
         finally:
             watcher.cancel()
+            serving.untrack(scope)
+    if shut:
+        raise shutting_down()
     return None  # the scope was cancelled: the client left
 
 
