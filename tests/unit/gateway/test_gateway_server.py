@@ -71,6 +71,9 @@ def test_options_set_every_limit_deliberately() -> None:
     assert options["loop"] == "uvloop"
     assert issubclass(options["http"], GatewayHttpToolsProtocol)
     assert options["http"].max_head_bytes == options["h11_max_incomplete_event_size"] == 65_536
+    assert options["http"].send_timeout == 60.0  # NGINX's send_timeout default
+    assert options["http"].shutdown_timeout == 20.0
+    assert options["timeout_graceful_shutdown"] == 22.0  # below the 30 s grace periods
     h11 = server_options(config.model_copy(update={"http_parser": "h11", "event_loop": "asyncio"}))
     assert issubclass(h11["http"], GatewayProtocol)
     assert h11["loop"] == "asyncio"
