@@ -59,6 +59,7 @@ from gateway.runtime import (
     get_runtime,
 )
 from gateway.server import log_config, server_options
+from gateway.serving import serving_state
 from gateway.shared.leader import LeaderLock
 from gateway.shared.records import SharedRecords
 from gateway.shared.state import SharedState
@@ -88,6 +89,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        metrics.serving.state = serving_state()
         policies = load_policies(config)
         counter = load_counter(config)
         shared = SharedState(

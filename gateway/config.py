@@ -156,6 +156,9 @@ class GatewayConfig(BaseModel):
     model_name: str = Field(min_length=1)
     tiers: list[TierEndpoint] = Field(min_length=1)
     connect_timeout: float = Field(default=5.0, gt=0)
+    # Seconds /readyz waits for one tier to be found healthy and routed before answering 503
+    # (below the Deployment's readiness probe timeout, 3 s); the first such tier answers it.
+    readiness_timeout: float = Field(default=2.0, gt=0)
     read_timeout: float = Field(default=600.0, gt=0)
     max_body_bytes: int = Field(default=1_000_000, gt=0)
     # JSON values a completion request's body may hold (objects, arrays, strings, numbers,
@@ -213,6 +216,14 @@ class GatewayConfig(BaseModel):
     max_connections_per_client: int | None = Field(default=64, gt=0)
     header_timeout: float = Field(default=10.0, gt=0)
     keep_alive_timeout: int = Field(default=5, gt=0)
+    # Seconds an answer may wait on a client that reads nothing (its connection's write buffer
+    # stays past the high-water mark): then the connection is aborted and its slot freed
+    # (NGINX's send_timeout).
+    send_timeout: float = Field(default=60.0, gt=0)
+    # Seconds a shutdown (SIGTERM) lets requests finish; streams still open then end with an
+    # error event (503 shutting_down) and [DONE]. Keep it below the orchestrator's grace period
+    # less 2 s (compose's stop_grace_period and Kubernetes' terminationGracePeriodSeconds: 30).
+    shutdown_timeout: float = Field(default=20.0, gt=0)
     forwarded_allow_ips: list[str] = Field(default_factory=list)
     # How uvicorn serves (gateway/server.py): the llhttp parser (httptools) or h11, on the
     # libuv event loop (uvloop) or asyncio's own. A request's head (request line and headers)

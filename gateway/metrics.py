@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from backends.tier_state import TierState
 from gateway.control.tier_signals import TierSignals
 from gateway.request.endpoint_choice import EndpointStatus
+from gateway.serving import ServingState
 
 NO_TIER = "none"
 # LLM calls span milliseconds (a rejected or cached answer) to minutes (a long generation).
@@ -165,6 +166,8 @@ class GatewayMetrics:
         reg.register(self.tier_signals)
         self.endpoints = EndpointCollector()
         reg.register(self.endpoints)
+        self.serving = ServingCollector()
+        reg.register(self.serving)
 
     def observe_request(
         self,
@@ -327,3 +330,26 @@ class EndpointCollector(Collector):
                 waiting.add_metric([tier, endpoint.url], endpoint.requests_waiting)
                 kv.add_metric([tier, endpoint.url], endpoint.kv_usage)
         yield from (up, waiting, kv)
+
+
+class ServingCollector(Collector):
+    """Renders the connection layer's counts of the app's event loop (gateway/serving.py):
+    connections aborted because their client stopped reading, answers ended by a shutdown.
+    ``state`` is set when the app starts (no samples before)."""
+
+    def __init__(self) -> None:
+        self.state: ServingState | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        aborted = CounterMetricFamily(
+            "gateway_slow_clients_aborted",
+            "Connections aborted because the client read nothing of its answer for send_timeout.",
+        )
+        drained = CounterMetricFamily(
+            "gateway_answers_drained",
+            "Answers (streams, whole) still in progress at shutdown_timeout, ended with 503.",
+        )
+        if self.state is not None:
+            aborted.add_metric([], self.state.slow_clients_aborted)
+            drained.add_metric([], self.state.answers_drained)
+        yield from (aborted, drained)

@@ -273,7 +273,6 @@ def _serve(
                 app,
                 host=LOOPBACK,
                 port=opts.gateway_port,
-                timeout_graceful_shutdown=5,
                 log_config=log_config(),
                 **server_options(config),
             )

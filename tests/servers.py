@@ -26,15 +26,19 @@ def port_is_free(port: int) -> bool:
 class ServerThread:
     """Runs an ASGI app with uvicorn on 127.0.0.1 (a free port) in a background thread."""
 
-    def __init__(self, app: Any, **options: Any) -> None:
-        """``options``: more ``uvicorn.Config`` settings (the gateway's: gateway/server.py)."""
+    def __init__(self, app: Any, graceful: float | None = 1, **options: Any) -> None:
+        """``options``: more ``uvicorn.Config`` settings (the gateway's: gateway/server.py);
+        ``graceful``: uvicorn's ``timeout_graceful_shutdown``, 1 s whatever ``options`` say so
+        that a test's open streams do not slow its teardown (None: as ``options`` say)."""
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        settings = {"log_level": "warning", "lifespan": "on", "timeout_graceful_shutdown": 1}
-        config = uvicorn.Config(app, **{**settings, **options})
+        settings = {"log_level": "warning", "lifespan": "on", **options}
+        if graceful is not None:
+            settings["timeout_graceful_shutdown"] = graceful
+        config = uvicorn.Config(app, **settings)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True

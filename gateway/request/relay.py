@@ -6,8 +6,10 @@
   (gateway/request/resumable.py), else ends the stream with one SSE error event, never a second
   answer. However the stream ends (done, failed, client gone) the upstream connection is
   closed, which makes vLLM abort the generation, and the exchange it was handed is told (which
-  finishes it).
-- ``unless_client_leaves`` cancels a non-streamed exchange when the client disconnects.
+  finishes it). A stream still open when a shutdown's ``shutdown_timeout`` is up ends with an
+  error event (503 ``shutting_down``) and ``[DONE]`` (gateway/serving.py).
+- ``unless_client_leaves`` cancels a non-streamed exchange when the client disconnects, and
+  answers 503 ``shutting_down`` when a shutdown's ``shutdown_timeout`` is up.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from gateway.request.resumable import relay_resumable, tier_error_event
 from gateway.request.sse_buffer import EventBuffer, event_too_large
 from gateway.request.stream_usage import without_usage
 from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly
+from gateway.serving import serving_state
 
 if TYPE_CHECKING:
     from gateway.request.resume import Resumer
@@ -51,6 +54,18 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _EDGE = 32  # bytes of the previous chunk kept to find an end marker split across two
+_FLUSH = 1.0  # seconds a stream ended by a shutdown is given to send its error event
+
+
+def shutting_down() -> APIError:
+    """What an answer still in progress when a shutdown's drain ends is told
+    (gateway/serving.py): a stream in its error event, a whole answer as its status."""
+    return APIError(
+        503,
+        "the gateway is shutting down; send the request again",
+        SERVER_ERROR,
+        code="shutting_down",
+    )
 
 
 def normalise_error(
@@ -242,17 +257,35 @@ class UpstreamStreamingResponse(StreamingResponse):
         # two (uvicorn speaks ASGI 2.3); the stream runs here, cancelled by one watcher task.
         # A send that fails (ASGI 2.4 servers raise OSError once the client has gone) is the
         # client's disconnect, as in Starlette.
+        # A shutdown that outlasts shutdown_timeout ends the stream (gateway/serving.py): it is
+        # cancelled like a disconnect, then told why in an error event and [DONE].
+        serving = serving_state()
+        shut: list[bool] = []
         try:
-            with anyio.CancelScope() as cancel:
-                watcher = asyncio.get_running_loop().create_task(
-                    _cancel_on_disconnect(receive, cancel)
-                )
-                try:
-                    await self.stream_response(send)
-                except OSError as exc:
-                    raise ClientDisconnect() from exc
-                finally:
-                    watcher.cancel()
+            serving_drained_first = serving.drained
+            if serving_drained_first:  # the server is past its drain deadline: nothing relayed
+                shut.append(True)
+            else:
+                with anyio.CancelScope() as cancel:
+
+                    def end() -> None:
+                        shut.append(True)
+                        cancel.cancel()
+
+                    serving.track(self, end)
+                    watcher = asyncio.get_running_loop().create_task(
+                        _cancel_on_disconnect(receive, cancel)
+                    )
+                    try:
+                        await self.stream_response(send)
+                    except OSError as exc:
+                        raise ClientDisconnect() from exc
+                    finally:
+                        watcher.cancel()
+                        serving.untrack(self)
+            if shut:
+                self._counter.failure = 503
+                await self._end_for_shutdown(send, started=not serving_drained_first)
         finally:
             # A client disconnect cancels the streaming task; close what it left open,
             # which drops the tier connection so vLLM aborts the generation.
@@ -267,6 +300,25 @@ class UpstreamStreamingResponse(StreamingResponse):
                     prompt = None if resumed else counter.prompt_tokens
                     await self._exchange.stream_ended(counter.status, counter.tokens, prompt)
 
+    async def _end_for_shutdown(self, send: Send, started: bool) -> None:
+        """End the stream with the shutdown's error event and [DONE], within ``_FLUSH``
+        seconds (a client that does not read is not waited for). The blank line first ends an
+        event the tier's last chunk may have left open (a spare one is ignored)."""
+        with anyio.move_on_after(_FLUSH):
+            try:
+                if not started:
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": self.status_code,
+                            "headers": self.raw_headers,
+                        }
+                    )
+                event = b"\n\n" + sse_error_event(shutting_down(), True)
+                await send({"type": "http.response.body", "body": event, "more_body": False})
+            except (OSError, RuntimeError):
+                pass  # the client is gone, or the answer had just ended (uvicorn refuses more)
+
 
 async def unless_client_leaves(request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
     """Run ``work`` but cancel it (returning None) if the client disconnects first.
@@ -276,7 +328,15 @@ async def unless_client_leaves(request: Request, work: Callable[[], Awaitable[T]
     ``work`` runs in this task, inside a cancel scope that a watcher task cancels on the
     client's disconnect (one task a request, not a task group of two).
     """
+    serving = serving_state()
+    shut: list[bool] = []
     with anyio.CancelScope() as scope:
+
+        def end() -> None:
+            shut.append(True)
+            scope.cancel()
+
+        serving.track(scope, end)  # a shutdown's deadline ends it too (gateway/serving.py)
         watcher = asyncio.get_running_loop().create_task(
             _cancel_on_disconnect(request.receive, scope)
         )
@@ -284,6 +344,9 @@ async def unless_client_leaves(request: Request, work: Callable[[], Awaitable[T]
             return await work()
         finally:
             watcher.cancel()
+            serving.untrack(scope)
+    if shut:
+        raise shutting_down()
     return None  # the scope was cancelled: the client left
 
 

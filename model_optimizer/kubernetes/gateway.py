@@ -181,6 +181,9 @@ def gateway_objects(
     ]
 
 
+TERMINATION_GRACE_SECONDS = 30
+
+
 def _gateway_pod(options: KubeOptions) -> Manifest:
     command = ["python", "-m", "gateway", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"]
     secret = options.secret_name
@@ -216,6 +219,9 @@ def _gateway_pod(options: KubeOptions) -> Manifest:
     }
     return {
         "automountServiceAccountToken": False,
+        # Above the gateway's shutdown bound (shutdown_timeout 20 s + 2 s to end open streams
+        # with an error event, gateway/server.py): SIGKILL never cuts a stream mid-answer.
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "containers": [container],
         "volumes": [
             {"name": POLICY_MAP, "configMap": {"name": POLICY_MAP}},

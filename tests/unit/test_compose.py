@@ -122,6 +122,9 @@ def test_the_gateway_runs_as_up_runs_it() -> None:
     command = gateway["command"][-1]
     assert "--host 0.0.0.0" in command  # inside its container; published on loopback
     assert "--config policies/deploy/compose-gateway.yaml" in command
+    # SIGTERM reaches python (exec), which drains within its bound before compose's SIGKILL
+    assert "&& exec python -m gateway " in command
+    assert gateway["stop_grace_period"] == "30s"
     env = gateway["environment"]
     assert _required(env["MO_GATEWAY_API_KEYS"]) == "MO_GATEWAY_API_KEYS"
     assert _required(env["MO_TIER_API_KEY"]) == "MO_TIER_API_KEY"

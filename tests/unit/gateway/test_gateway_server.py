@@ -6,6 +6,7 @@ is the gateway's own code."""
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import time
 from typing import Any
@@ -70,6 +71,9 @@ def test_options_set_every_limit_deliberately() -> None:
     assert options["loop"] == "uvloop"
     assert issubclass(options["http"], GatewayHttpToolsProtocol)
     assert options["http"].max_head_bytes == options["h11_max_incomplete_event_size"] == 65_536
+    assert options["http"].send_timeout == 60.0  # NGINX's send_timeout default
+    assert options["http"].shutdown_timeout == 20.0
+    assert options["timeout_graceful_shutdown"] == 22.0  # below the 30 s grace periods
     h11 = server_options(config.model_copy(update={"http_parser": "h11", "event_loop": "asyncio"}))
     assert issubclass(h11["http"], GatewayProtocol)
     assert h11["loop"] == "asyncio"
@@ -212,3 +216,26 @@ def test_x_forwarded_for_is_believed_from_configured_proxies(
         for i in range(3)
     ]
     assert statuses == [200, 200, 200]  # three clients behind one trusted proxy
+
+
+@PARSERS
+def test_a_whole_head_over_the_size_limit_in_one_read_is_refused(
+    stub: Any, start_gateway: Any, parser: str
+) -> None:
+    """A complete 70 KB head sent in one write (both parsers bound only incomplete heads: this
+    one got a 200); a head under the limit with a large body in the same write is answered."""
+    gateway = start_gateway(stub.url, http_parser=parser)  # max_head_bytes 64 KiB as shipped
+    body = json.dumps(CHAT).encode()
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n" % len(body)
+    )
+    whole = head + b"X-Padding: " + b"a" * 70_000 + b"\r\n\r\n" + body
+    answer = _head_answer(gateway, whole)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    padded = json.dumps({**CHAT, "padding": "b" * 100_000}).encode()
+    small = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(padded)
+    )
+    assert _head_answer(gateway, small + padded).startswith(b"HTTP/1.1 200")

@@ -14,6 +14,7 @@ from backends.spec import SpecError, parse_spec
 from backends.tier_plan import VariantInfo
 from backends.vllm_args import build_argv
 from gateway.config import GatewayConfig
+from gateway.server import SHUTDOWN_FLUSH
 from model_optimizer.kubernetes.options import KubeOptions, OptionsError
 from model_optimizer.kubernetes.render import Sources, render
 
@@ -106,6 +107,9 @@ def test_gateway_probes_replicas_budget_and_autoscaler() -> None:
     [container] = gateway["spec"]["template"]["spec"]["containers"]
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # /readyz answers within readiness_timeout, inside the probe's own timeout
+    readiness = GatewayConfig.model_fields["readiness_timeout"].default
+    assert container["readinessProbe"]["timeoutSeconds"] > readiness
     assert container["command"][-4:] == ["--host", "0.0.0.0", "--port", "8000"]
     pod_labels = gateway["spec"]["template"]["metadata"]["labels"]
     pdb = _one(objects, "PodDisruptionBudget", "gateway")
@@ -119,6 +123,10 @@ def test_gateway_probes_replicas_budget_and_autoscaler() -> None:
     }
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (3, 9)
     assert "cpu" in container["resources"]["requests"]  # the autoscaler's utilization needs it
+    # SIGKILL comes after the gateway's whole shutdown bound (gateway/server.py), never midway
+    grace = gateway["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    default = GatewayConfig.model_fields["shutdown_timeout"].default
+    assert grace > default + SHUTDOWN_FLUSH
 
 
 def test_tier_probes_come_from_the_specs_restart_policy() -> None:
