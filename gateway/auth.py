@@ -187,21 +187,19 @@ def matches(key: str | None, digests: Sequence[str]) -> str | None:
 
 
 def _rate_limited(limit: int, retry_after: float) -> APIError:
-    wait = max(1, round(retry_after + 0.5))
-    return APIError(
-        429,
-        f"rate limit reached: {limit} requests per minute; retry in {wait} s",
-        "requests",
-        code="rate_limit_exceeded",
-        headers={"Retry-After": str(wait)},
-    )
+    return _too_many(f"rate limit reached: {limit} requests per minute", retry_after)
 
 
 def _too_many_failures(retry_after: float) -> APIError:
+    return _too_many("too many requests with a wrong or missing key from this address", retry_after)
+
+
+def _too_many(what: str, retry_after: float) -> APIError:
+    """429 ``rate_limit_exceeded`` saying ``what`` and when to retry (whole seconds, >= 1)."""
     wait = max(1, round(retry_after + 0.5))
     return APIError(
         429,
-        f"too many requests with a wrong or missing key from this address; retry in {wait} s",
+        f"{what}; retry in {wait} s",
         "requests",
         code="rate_limit_exceeded",
         headers={"Retry-After": str(wait)},

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,35 +27,46 @@ from tests.servers import ServerThread
 from tests.stub_tier import MODEL
 
 WAIT = 10.0
+COUNT = {"messages": [{"role": "user", "content": "Count."}]}
+
+
+@contextlib.contextmanager
+def _gateway(stub: Any, shutdown_timeout: float) -> Iterator[ServerThread]:
+    """A gateway in front of ``stub`` with ``shutdown_timeout``, stopped on the way out."""
+    config = GatewayConfig(
+        model_name=MODEL,
+        tiers=[TierEndpoint(name="t0", base_url=stub.url)],
+        shutdown_timeout=shutdown_timeout,
+    )
+    options = server_options(config)
+    assert options["timeout_graceful_shutdown"] == shutdown_timeout + SHUTDOWN_FLUSH
+    server = ServerThread(create_app(config), graceful=None, **options)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def test_a_stream_open_at_shutdown_ends_with_an_error_event_within_the_bound(stub: Any) -> None:
     stub.mode = "slow"  # 400 chunks, one every 50 ms: 20 s, far past the bound
-    config = GatewayConfig(
-        model_name=MODEL,
-        tiers=[TierEndpoint(name="t0", base_url=stub.url)],
-        shutdown_timeout=1.0,
-    )
-    options = server_options(config)
-    assert options["timeout_graceful_shutdown"] == 1.0 + SHUTDOWN_FLUSH
-    server = ServerThread(create_app(config), graceful=None, **options)
-    server.start()
     got: list[bytes] = []
     first = threading.Event()
+    with _gateway(stub, shutdown_timeout=1.0) as server:
 
-    def read() -> None:
-        chat = {"messages": [{"role": "user", "content": "Count."}], "stream": True}
-        with (
-            httpx.Client(trust_env=False, timeout=WAIT) as client,
-            client.stream("POST", f"{server.url}/v1/chat/completions", json=chat) as answer,
-        ):
-            for part in answer.iter_bytes():
-                got.append(part)
-                first.set()
+        def read() -> None:
+            with (
+                httpx.Client(trust_env=False, timeout=WAIT) as client,
+                client.stream(
+                    "POST", f"{server.url}/v1/chat/completions", json=COUNT | {"stream": True}
+                ) as answer,
+            ):
+                for part in answer.iter_bytes():
+                    got.append(part)
+                    first.set()
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
         assert first.wait(WAIT)
         started = time.monotonic()
         server.server.should_exit = True  # what uvicorn's SIGTERM handler does
@@ -62,8 +74,6 @@ def test_a_stream_open_at_shutdown_ends_with_an_error_event_within_the_bound(stu
         stopped = time.monotonic() - started
         assert not server.thread.is_alive(), "the server outlived its shutdown bound"
         reader.join(WAIT)
-    finally:
-        server.stop()
     assert 1.0 <= stopped < 1.0 + SHUTDOWN_FLUSH + 3.0
     events = [e for e in b"".join(got).decode().split("\n\n") if e.strip()]
     assert events[-1] == "data: [DONE]"
@@ -75,48 +85,32 @@ def test_a_stream_open_at_shutdown_ends_with_an_error_event_within_the_bound(stu
 
 def test_a_stream_that_ends_before_the_bound_is_not_cut(stub: Any) -> None:
     stub.chunks = 5
-    config = GatewayConfig(
-        model_name=MODEL,
-        tiers=[TierEndpoint(name="t0", base_url=stub.url)],
-        shutdown_timeout=5.0,
-    )
-    server = ServerThread(create_app(config), graceful=None, **server_options(config))
-    server.start()
-    try:
-        chat = {"messages": [{"role": "user", "content": "Count."}], "stream": True}
-        with (
-            httpx.Client(trust_env=False, timeout=WAIT) as client,
-            client.stream("POST", f"{server.url}/v1/chat/completions", json=chat) as answer,
-        ):
+    with (
+        _gateway(stub, shutdown_timeout=5.0) as server,
+        httpx.Client(trust_env=False, timeout=WAIT) as client,
+    ):
+        with client.stream(
+            "POST", f"{server.url}/v1/chat/completions", json=COUNT | {"stream": True}
+        ) as answer:
             started = time.monotonic()
             server.server.should_exit = True
             text = answer.read().decode()
         server.thread.join(WAIT)
         assert time.monotonic() - started < 5.0  # it left as soon as its stream was done
-    finally:
-        server.stop()
     assert "shutting_down" not in text and text.endswith("data: [DONE]\n\n")
 
 
 def test_a_whole_answer_awaited_at_shutdown_gets_503_shutting_down(stub: Any) -> None:
     stub.whole_delay = 20.0  # the tier takes far past the bound
-    config = GatewayConfig(
-        model_name=MODEL,
-        tiers=[TierEndpoint(name="t0", base_url=stub.url)],
-        shutdown_timeout=1.0,
-    )
-    server = ServerThread(create_app(config), graceful=None, **server_options(config))
-    server.start()
     answers: list[httpx.Response] = []
+    with _gateway(stub, shutdown_timeout=1.0) as server:
 
-    def ask() -> None:
-        chat = {"messages": [{"role": "user", "content": "Count."}]}
-        with httpx.Client(trust_env=False, timeout=WAIT) as client:
-            answers.append(client.post(f"{server.url}/v1/chat/completions", json=chat))
+        def ask() -> None:
+            with httpx.Client(trust_env=False, timeout=WAIT) as client:
+                answers.append(client.post(f"{server.url}/v1/chat/completions", json=COUNT))
 
-    asker = threading.Thread(target=ask, daemon=True)
-    asker.start()
-    try:
+        asker = threading.Thread(target=ask, daemon=True)
+        asker.start()
         deadline = time.monotonic() + WAIT
         while not stub.requests:  # the tier has it
             assert time.monotonic() < deadline
@@ -125,8 +119,6 @@ def test_a_whole_answer_awaited_at_shutdown_gets_503_shutting_down(stub: Any) ->
         server.thread.join(1.0 + SHUTDOWN_FLUSH + 3.0)
         assert not server.thread.is_alive(), "the server outlived its shutdown bound"
         asker.join(WAIT)
-    finally:
-        server.stop()
     [answer] = answers
     assert answer.status_code == 503
     assert answer.json()["error"]["code"] == "shutting_down"
