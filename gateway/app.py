@@ -314,8 +314,8 @@ async def metrics_endpoint(request: Request) -> Response:
 async def openapi_endpoint(request: Request) -> Response:
     """``GET /openapi.json``: the routed endpoints' OpenAPI document."""
     runtime = getattr(request.app.state, "runtime", None)
-    max_prompts = runtime.policies.active.policy.limits.max_prompts if runtime else None
-    return JSONResponse(openapi_document(request.app.state.config.model_name, max_prompts))
+    limits = runtime.policies.active.policy.limits if runtime else None
+    return JSONResponse(openapi_document(request.app.state.config.model_name, limits))
 
 
 def serve(

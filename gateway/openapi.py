@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.policy.schema import LimitsPolicy
+
 ERROR = {
     "type": "object",
     "required": ["error"],
@@ -49,19 +51,53 @@ COMMON = {
 }
 
 
-def _bodies(model_name: str | None, max_prompts: int | None) -> tuple[dict[str, Any], ...]:
+def _count(least: int, most: int | None) -> dict[str, Any]:
+    """An integer field in [least, most] (no maximum where the policy is unknown)."""
+    bounds = {"minimum": least} | ({"maximum": most} if most is not None else {})
+    return {"type": "integer", "nullable": True, **bounds}
+
+
+def _bounded(limits: LimitsPolicy | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The fields the gateway bounds by the policy's ``limits`` (gateway/request/costs.py), for
+    chat and for completions. Left out: ``best_of`` (it must be >= ``n``) and ``echo`` (it
+    counts ``logprobs`` as prompt logprobs): bounds across two fields, which JSON Schema cannot
+    state; the gateway checks them all the same."""
+    top = limits.max_logprobs if limits else None
+    common = {
+        "n": _count(1, limits.max_n if limits else None),
+        "prompt_logprobs": _count(0, limits.max_prompt_logprobs if limits else None),
+    }
+    tools: dict[str, Any] = {"type": "array", "nullable": True}
+    if limits is not None:
+        tools["maxItems"] = limits.max_tools
+    chat = {
+        **common,
+        "max_completion_tokens": _count(1, None),
+        "logprobs": {"type": "boolean", "nullable": True},
+        "top_logprobs": _count(0, top),
+        "tools": tools,
+    }
+    return chat, {**common, "logprobs": _count(0, top)}
+
+
+def _bodies(model_name: str | None, limits: LimitsPolicy | None) -> tuple[dict[str, Any], ...]:
     """The chat and completions request schemas."""
     common = dict(COMMON)
     if model_name is not None:
         common["model"] = {"type": "string", "enum": [model_name], "nullable": True}
+    chat_bounded, completion_bounded = _bounded(limits)
     chat = {
         "type": "object",
         "required": ["messages"],
-        "properties": {"messages": {"type": "array", "minItems": 1, "items": MESSAGE}, **common},
+        "properties": {
+            "messages": {"type": "array", "minItems": 1, "items": MESSAGE},
+            **common,
+            **chat_bounded,
+        },
     }
     many: dict[str, Any] = {"type": "array", "minItems": 1}
-    if max_prompts is not None:
-        many["maxItems"] = max_prompts
+    if limits is not None:
+        many["maxItems"] = limits.max_prompts
     token_ids = {"type": "array", "minItems": 1, "items": {"type": "integer"}}
     prompt = {
         "oneOf": [
@@ -74,7 +110,7 @@ def _bodies(model_name: str | None, max_prompts: int | None) -> tuple[dict[str, 
     completion = {
         "type": "object",
         "required": ["prompt"],
-        "properties": {"prompt": prompt, **common},
+        "properties": {"prompt": prompt, **common, **completion_bounded},
     }
     return chat, completion
 
@@ -103,12 +139,13 @@ def _completion(body: dict[str, Any], summary: str) -> dict[str, Any]:
 
 
 def openapi_document(
-    model_name: str | None = None, max_prompts: int | None = None
+    model_name: str | None = None, limits: LimitsPolicy | None = None
 ) -> dict[str, Any]:
     """The document (built on each call; it is small). With ``model_name``, ``model`` must be
-    it (absent means it too); ``max_prompts``: the policy's bound on a list ``prompt``."""
+    it (absent means it too); ``limits``: the policy's bounds (a list ``prompt``'s length,
+    ``n``, logprobs, tools), absent ones unbounded."""
     plain = {"200": {"description": "ok"}, **_errors(503)}
-    chat, completion = _bodies(model_name, max_prompts)
+    chat, completion = _bodies(model_name, limits)
     return {
         "openapi": "3.0.3",
         "info": {"title": "Model-Optimizer gateway", "version": "1"},

@@ -56,10 +56,16 @@ def test_the_openapi_document_is_served(
 ) -> None:
     gateway = start_gateway(stub.url)
     served = client.get(f"{gateway}/openapi.json").json()
-    assert served == openapi_document("stub-model", LimitsPolicy().max_prompts)
+    assert served == openapi_document("stub-model", LimitsPolicy())
     assert set(served["paths"]) >= {"/v1/chat/completions", "/v1/completions", "/v1/models"}
     chat = served["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]
     assert chat["application/json"]["schema"]["properties"]["model"]["enum"] == ["stub-model"]
+    # The fields the gateway bounds by the policy are declared with those bounds (a fuzzer that
+    # drew an 'n' of -4.8e16 as "any value" once found the document silent on them).
+    fields = chat["application/json"]["schema"]["properties"]
+    assert (fields["n"]["minimum"], fields["n"]["maximum"]) == (1, LimitsPolicy().max_n)
+    assert fields["top_logprobs"]["maximum"] == LimitsPolicy().max_logprobs
+    assert fields["tools"]["maxItems"] == LimitsPolicy().max_tools
 
 
 def test_the_shipped_gateway_uses_the_shipped_configuration(
