@@ -169,7 +169,7 @@ def derive_chain(
     unit = "s/answer" if goal.minimise == "latency" else "s/token"
     for item in survivors:
         reasons[item.name] = f"agreement {item.quality:.3f}, {item.cost:.3g} {unit}"
-        if item.emulated:
+        if item.emulated and reference in figures:
             reasons[item.name] += f" (emulated: costed as at least {reference})"
         gain = rules.tightest(item, [t for t in kept if t.quality > item.quality])
         if gain:

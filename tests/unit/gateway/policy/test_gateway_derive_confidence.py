@@ -97,6 +97,11 @@ def test_an_emulated_tier_costs_at_least_the_reference_where_the_route_lacks_it(
     assert derived.reasons["int4"].startswith("dominated by int8")
     native = dict(figures, int4=_tier("int4", 0.80, 0.010))
     assert derive_chain("tolerant", ["int4", "int8"], GOAL, native, "fp16").chain[0] == "int4"
+    # Against a tier dearer than the reference it may lead, costed as the reference.
+    slow = dict(figures, int8=_tier("int8", 0.95, 0.030))
+    derived = derive_chain("tolerant", ["int4", "int8"], GOAL, slow, "fp16")
+    assert derived.chain == ("int4", "int8")
+    assert derived.reasons["int4"].startswith("agreement 0.800, 2.61 s/answer (emulated: costed")
 
 
 def test_a_gain_whose_interval_does_not_clear_min_gain_keeps_the_accurate_tier_first() -> None:
