@@ -71,10 +71,12 @@ class Admission:
     def lines(self) -> list[str]:
         out = [v.summary() for v in self.verdicts.values()]
         for name, speed in self.speeds.items():
+            n = sum(t is not None for t in speed.tpots_s)  # none kept: an older cache entry
+            of = f" (medians of {n} prompts)" if n else ""
             out.append(
                 f"tier {name} speed: TTFT {speed.ttft_s * 1000:.0f} ms, TPOT "
-                f"{speed.tpot_s * 1000:.1f} ms alone; {speed.throughput_tok_s:.0f} output tok/s "
-                f"at {speed.concurrency} at once"
+                f"{speed.tpot_s * 1000:.1f} ms alone{of}; {speed.throughput_tok_s:.0f} output "
+                f"tok/s at {speed.concurrency} at once"
             )
         return out
 

@@ -39,5 +39,8 @@ def test_a_tier_served_from_its_emulated_copy_is_flagged_for_the_derivation() ->
     measured = measured_tiers(admission, launches)
     assert measured["int8"].emulated and not measured["fp16"].emulated
     assert measured["int8"].tpots_s == [0.0315, None] and measured["int8"].ttfts_s == [0.2, 0.21]
+    assert "TPOT 31.5 ms alone (medians of 1 prompts);" in admission.lines()[1]
+    older = Admission("fp16", {}, {"fp16": dataclasses.replace(speeds["fp16"], tpots_s=())})
+    assert "TPOT 36.6 ms alone; 30 output tok/s at 4 at once" in older.lines()[0]
     own = dataclasses.replace(launches[1], model_dir=Path("/v/int8"))
     assert not measured_tiers(admission, [launches[0], own])["int8"].emulated
