@@ -146,6 +146,13 @@ class MeasuredTier(BaseModel):
     ttft_s: float = Field(ge=0)
     tpot_s: float = Field(ge=0)
     throughput_tok_s: float = Field(ge=0)
+    # Per prompt of the calibration's requests alone, in prompt order, paired across tiers
+    # (measure/speed.py); None: that request failed. Empty (files from before): point figures.
+    ttfts_s: list[float | None] = Field(default_factory=list)
+    tpots_s: list[float | None] = Field(default_factory=list)
+    # Served emulated (the reference's arithmetic on dequantized weights): never routed ahead
+    # of the reference (gateway/policy/derive.py).
+    emulated: bool = False
 
 
 class GatewayConfig(BaseModel):

@@ -3,7 +3,8 @@
 ``up`` hands its gateway the tiers' measured figures (``GatewayConfig.measured``) and also
 writes them to ``<cache>/measured/gateway-<port>.json`` (``measured_path``): each tier's
 agreement with the reference per category (the in-engine admission check), its speed (the
-calibration of measure/speed.py: TTFT and TPOT alone, output tokens/s under a little load),
+calibration of measure/speed.py: TTFT and TPOT alone, with the per-prompt samples behind them,
+output tokens/s under a little load; whether it was served emulated),
 the classes the admission check let it serve, its URL and the admission floors. Written whole
 each time ``up`` starts its gateway; it stays after ``up`` stops (the figures describe this
 machine and these variants, not the process), and ``written_at`` says when.
@@ -66,6 +67,9 @@ def tier_figures(
             m.tpot_s,
             m.throughput_tok_s,
             frozenset(admitted) if admitted is not None else None,
+            tuple(m.ttfts_s),
+            tuple(m.tpots_s),
+            m.emulated,
         )
     return out
 

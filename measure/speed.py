@@ -7,7 +7,9 @@ another works (that would make it look slower than it is), and the requests alon
 interleaved across tiers (prompt 1 to every tier, the order rotating, then prompt 2 ...): the
 routes are derived from these figures' ratios, and on a shared machine whose load changes over
 the seconds of a calibration, measuring one tier after the other once sent a class to a tier
-only because the machine was busier while the other was measured.
+only because the machine was busier while the other was measured. Each tier's TTFT and TPOT
+per prompt alone are kept too (``TierSpeed.ttfts_s``, ``tpots_s``): paired by prompt, they give
+the route derivation an interval on a tier's gain, not only two medians.
 """
 
 from __future__ import annotations
@@ -30,6 +32,33 @@ class TierSpeed:
     throughput_tok_s: float  # output tokens/s at ``concurrency``
     concurrency: int
     failed: int = 0
+    # Per prompt of the requests alone, in prompt order (prompt i went to every tier back to
+    # back, so index i pairs the tiers: gateway/policy/confidence.py); None: that one failed.
+    ttfts_s: tuple[float | None, ...] = ()
+    tpots_s: tuple[float | None, ...] = ()
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> TierSpeed:
+        """As ``dataclasses.asdict`` wrote it (lists for the samples; absent in old files)."""
+        fields = dict(data)
+        for key in ("ttfts_s", "tpots_s"):
+            values = fields.get(key, ())
+            if not isinstance(values, list | tuple):
+                raise TypeError(f"{key} must be a list, not {type(values).__name__}")
+            fields[key] = tuple(None if v is None else float(v) for v in values)
+        return cls(**fields)  # type: ignore[arg-type]
+
+
+def samples(results: Sequence[RequestResult]) -> tuple[list[float | None], list[float | None]]:
+    """Each request's TTFT and TPOT (seconds), ``None`` where it failed (TPOT also where it
+    produced fewer than two tokens): the per-prompt samples, in the order given."""
+    ttfts: list[float | None] = []
+    tpots: list[float | None] = []
+    for r in results:
+        ttfts.append(r.ttft if r.success else None)
+        ok = r.success and r.output_tokens > 1
+        tpots.append((r.latency - r.ttft) / (r.output_tokens - 1) if ok else None)
+    return ttfts, tpots
 
 
 @dataclass(frozen=True)
@@ -93,6 +122,7 @@ async def measure_tiers(
         loaded = await _level(url, model, prompts, opts, opts.concurrency, headers)
         one = compute_stats(alone[name], sum(r.latency for r in alone[name]) or 1e-9)
         many = compute_stats(list(loaded.results.values()), loaded.ended - loaded.started)
+        ttfts, tpots = samples(alone[name])
         out[name] = TierSpeed(
             tier=name,
             ttft_s=(one.median_ttft_ms or 0.0) / 1000,
@@ -100,6 +130,8 @@ async def measure_tiers(
             throughput_tok_s=many.output_throughput,
             concurrency=opts.concurrency,
             failed=one.failed + many.failed,
+            ttfts_s=tuple(ttfts),
+            tpots_s=tuple(tpots),
         )
     return out
 

@@ -47,9 +47,9 @@ from model_optimizer.envs import cache_root
 from model_optimizer.models import ModelError
 from optimizer.probes import load_probes
 
-VERSION = "6"  # bump when the check's procedure changes (2: speeds; 3: interleaved; 4: 8 alone;
+VERSION = "7"  # bump when the check's procedure changes (2: speeds; 3: interleaved; 4: 8 alone;
 # 5: a tie between native and emulated goes back to native; 6: facts judged on the reference's
-# path, llama.cpp tiers)
+# path, llama.cpp tiers; 7: per-prompt speed samples kept, for the gain's interval)
 EMULABLE = ("int8", "int4")
 
 
@@ -71,10 +71,12 @@ class Admission:
     def lines(self) -> list[str]:
         out = [v.summary() for v in self.verdicts.values()]
         for name, speed in self.speeds.items():
+            n = sum(t is not None for t in speed.tpots_s)  # none kept: an older cache entry
+            of = f" (medians of {n} prompts)" if n else ""
             out.append(
                 f"tier {name} speed: TTFT {speed.ttft_s * 1000:.0f} ms, TPOT "
-                f"{speed.tpot_s * 1000:.1f} ms alone; {speed.throughput_tok_s:.0f} output tok/s "
-                f"at {speed.concurrency} at once"
+                f"{speed.tpot_s * 1000:.1f} ms alone{of}; {speed.throughput_tok_s:.0f} output "
+                f"tok/s at {speed.concurrency} at once"
             )
         return out
 
@@ -94,6 +96,8 @@ class Admission:
                 "ttft_s": speed.ttft_s,
                 "tpot_s": speed.tpot_s,
                 "throughput_tok_s": speed.throughput_tok_s,
+                "ttfts_s": list(speed.ttfts_s),
+                "tpots_s": list(speed.tpots_s),
             }
         return out
 
@@ -167,7 +171,7 @@ def load_cached(key: str) -> Admission | None:
         return Admission(
             str(data["reference"]),
             {name: verdict_from_json(v) for name, v in data["verdicts"].items()},
-            {name: TierSpeed(**v) for name, v in data.get("speeds", {}).items()},
+            {name: TierSpeed.from_json(v) for name, v in data.get("speeds", {}).items()},
         )
     except (OSError, ValueError, KeyError, TypeError, AdmissionError):
         return None
@@ -322,7 +326,8 @@ def record_measurements(
     o = SpeedOptions()
     speed = (
         f"medians of {o.requests} prompts of {o.input_len} tokens, {o.output_len} generated, "
-        f"alone; output tokens/s at {o.concurrency} at once"
+        f"alone (each prompt's TTFT and TPOT kept, paired across tiers); output tokens/s at "
+        f"{o.concurrency} at once"
     )
     record = measured_record(port, config, floors, speed)
     if record is None:

@@ -47,6 +47,7 @@ from model_optimizer.serving_check import (
     admit,
     apply_cached_modes,
     cache_file,
+    is_emulated,
     load_cached,
     machine_identity,
     measure_speeds,
@@ -163,12 +164,20 @@ def gateway_config(
         tokenizer_dir=str(launches[0].model_dir),
         redis_url=opts.redis_url or None,
         policy_extra_tiers=[t for t in spec_tiers(opts.spec) if t not in {x.name for x in tiers}],
-        measured={k: MeasuredTier(**v) for k, v in admission.measured().items()}
-        if admission
-        else {},
+        measured=measured_tiers(admission, launches) if admission else {},
         reference_tier=admission.reference if admission else None,
     )
     return keys_from_environment(config)
+
+
+def measured_tiers(admission: Admission, launches: list[TierLaunch]) -> dict[str, MeasuredTier]:
+    """The admission's figures as the gateway takes them; a tier served from its emulated copy
+    (``is_emulated``: the reference's arithmetic) is flagged, never to be routed ahead of it."""
+    emulated = {t.name for t in launches if is_emulated(t)}
+    return {
+        name: MeasuredTier(**figures, emulated=name in emulated)
+        for name, figures in admission.measured().items()
+    }
 
 
 def run_up(opts: UpOptions) -> int:

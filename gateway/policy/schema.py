@@ -91,6 +91,10 @@ class PolicyError(OperatorYamlError):
 # dequantized copy, the same arithmetic, measured 9.8 % apart in one of six calibrations
 # (0.5-6 % in the others).
 MIN_GAIN = 0.10
+# How sure that gain must be, when the calibration kept its per-prompt samples: the lower bound
+# of a paired bootstrap interval at this level clears min_gain (gateway/policy/confidence.py).
+# 95 %: the usual level; at 8 samples a percentile interval is already a little narrow.
+CONFIDENCE = 0.95
 
 
 class DeriveGoal(Section):
@@ -102,6 +106,7 @@ class DeriveGoal(Section):
     answer_tokens: PositiveInt = 128  # the answer length a latency cost assumes
     min_gain: float = Field(default=MIN_GAIN, ge=0, lt=1)
     overflow: bool = True  # dominated tiers after the reference, for overload only
+    confidence: float = Field(default=CONFIDENCE, ge=0.5, lt=1)  # the gain interval's level
 
 
 class Route(Section):

@@ -208,7 +208,10 @@ class PolicyStore:
         try:
             policy = parse_policy(text, str(self.path), self.known_tiers)
             rules = CompiledClasses.build(policy.classes, self.path.parent)
-            policy, derived = derive_routes(policy, self.measured, self.reference)
+            # The routes serving now are the previous derivation: an edit re-derives with
+            # hysteresis, so new figures (a re-measurement) move a route only significantly.
+            previous = self._active.derived if self._active is not None else None
+            policy, derived = derive_routes(policy, self.measured, self.reference, previous)
         except PolicyError:
             raise
         except Exception as exc:  # any other failure is a refused edit too, never a crash

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,39 @@ def test_no_file_is_none_and_a_bad_one_is_one_line(tmp_path: Path) -> None:
             read_measured(bad)
         assert str(info.value).startswith(f"{bad}: not a measurement file written by up: ")
         assert "\n" not in str(info.value)
+
+
+def test_per_prompt_samples_and_the_emulated_flag_reach_the_derivation(tmp_path: Path) -> None:
+    sampled = INT4.model_copy(
+        update={"ttfts_s": [0.2, None, 0.21], "tpots_s": [0.03, 0.031, None], "emulated": True}
+    )
+    stack = MeasuredStack(
+        written_at="2026-12-06T03:00:00+00:00",
+        gateway_port=8000,
+        reference="fp16",
+        tiers={"fp16": FP16, "int4": sampled},
+    )
+    path = tmp_path / "m.json"
+    write_measured(path, stack)
+    figures = read_measured(path).figures()  # type: ignore[union-attr]
+    assert figures["int4"].ttfts_s == (0.2, None, 0.21)
+    assert figures["int4"].tpots_s == (0.03, 0.031, None)
+    assert figures["int4"].emulated and not figures["fp16"].emulated
+    assert figures["fp16"].ttfts_s == ()
+
+
+def test_a_file_written_before_samples_were_kept_still_loads(tmp_path: Path) -> None:
+    old = {
+        "written_at": "2026-12-03T10:00:00+00:00",
+        "gateway_port": 8000,
+        "reference": "fp16",
+        "tiers": {
+            name: {"quality": {"chat": 1.0}, "ttft_s": 0.1, "tpot_s": 0.02, "throughput_tok_s": 50}
+            for name in ("fp16", "int8")
+        },
+    }
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    figures = read_measured(path).figures()  # type: ignore[union-attr]
+    assert figures["int8"].ttfts_s == () and not figures["int8"].emulated
+    assert figures["int8"].tpot_s == 0.02

@@ -2,6 +2,8 @@
 run against two stub tiers of different speeds on 127.0.0.1."""
 
 import asyncio
+import dataclasses
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,7 +11,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from measure.prompts import corpus_texts
-from measure.speed import SpeedOptions, alone_order, measure_tiers
+from measure.serving_stats import RequestResult
+from measure.speed import SpeedOptions, TierSpeed, alone_order, measure_tiers, samples
 from tests.servers import ServerThread
 from tests.unit.measure.conftest import MODEL, StubServer
 
@@ -57,9 +60,35 @@ def test_the_slower_tier_measures_slower_and_the_requests_alone_interleave(
     assert speeds["slow"].tpot_s > 2 * speeds["fast"].tpot_s > 0
     assert speeds["fast"].throughput_tok_s > speeds["slow"].throughput_tok_s
     assert speeds["fast"].failed == speeds["slow"].failed == 0
+    # The samples alone, one per prompt in prompt order: paired, the slow tier slower on each.
+    for fast, slow in zip(speeds["fast"].tpots_s, speeds["slow"].tpots_s, strict=True):
+        assert fast is not None and slow is not None and slow > 2 * fast
+    assert len(speeds["slow"].ttfts_s) == 3 and None not in speeds["slow"].ttfts_s
     # warm-up (1) + 3 alone + 3 loaded each, the same prompts alone to both (alone_order).
     for server in two_tiers.values():
         assert len(server.bodies) == 7
         assert [b["prompt"] for b in server.bodies[1:4]] == [
             b["prompt"] for b in two_tiers["fast"].bodies[1:4]
         ]
+
+
+def test_each_request_alone_gives_its_ttft_and_tpot_and_a_failure_none() -> None:
+    results = [
+        RequestResult(0.0, True, output_tokens=5, ttft=0.2, latency=0.6),
+        RequestResult(0.0, False, error="boom"),
+        RequestResult(0.0, True, output_tokens=1, ttft=0.3, latency=0.3),
+    ]
+    ttfts, tpots = samples(results)
+    assert ttfts == [0.2, None, 0.3]
+    assert tpots[0] is not None and abs(tpots[0] - 0.1) < 1e-9
+    assert tpots[1:] == [None, None]  # one token has no time per output token
+
+
+def test_speeds_round_trip_through_the_verdict_cache_and_old_entries_load() -> None:
+    speed = TierSpeed("int8", 0.2, 0.03, 30.0, 4, ttfts_s=(0.2, None), tpots_s=(0.03, 0.031))
+    back = TierSpeed.from_json(json.loads(json.dumps(dataclasses.asdict(speed))))
+    assert back == speed
+    old = {"tier": "fp16", "ttft_s": 0.2, "tpot_s": 0.03, "throughput_tok_s": 30.0}
+    assert TierSpeed.from_json({**old, "concurrency": 4}).ttfts_s == ()
+    with pytest.raises(TypeError):
+        TierSpeed.from_json({**old, "concurrency": 4, "tpots_s": 0.03})

@@ -6,7 +6,9 @@ import dataclasses
 from pathlib import Path
 
 from backends.launch import TierLaunch
-from model_optimizer.stack import gateway_config, tier_key
+from measure.speed import TierSpeed
+from model_optimizer.serving_check import Admission
+from model_optimizer.stack import gateway_config, measured_tiers, tier_key
 from model_optimizer.tier_setup import UpOptions
 
 
@@ -22,3 +24,23 @@ def test_the_gateway_sends_each_tier_its_key() -> None:
     config = gateway_config(UpOptions(), "m", launches)
     assert [t.api_key for t in config.tiers] == ["run-key"]
     assert "run-key" not in repr(config)
+
+
+def test_a_tier_served_from_its_emulated_copy_is_flagged_for_the_derivation() -> None:
+    speeds = {
+        name: TierSpeed(name, 0.2, tpot, 30.0, 4, ttfts_s=(0.2, 0.21), tpots_s=(tpot, None))
+        for name, tpot in (("fp16", 0.0366), ("int8", 0.0315))
+    }
+    admission = Admission("fp16", {}, speeds)
+    launches = [
+        TierLaunch(name="fp16", model_dir=Path("/v/fp16"), served_model_name="m", port=8101),
+        TierLaunch(name="int8", model_dir=Path("/v.emulated/int8"), served_model_name="m", port=2),
+    ]
+    measured = measured_tiers(admission, launches)
+    assert measured["int8"].emulated and not measured["fp16"].emulated
+    assert measured["int8"].tpots_s == [0.0315, None] and measured["int8"].ttfts_s == [0.2, 0.21]
+    assert "TPOT 31.5 ms alone (medians of 1 prompts);" in admission.lines()[1]
+    older = Admission("fp16", {}, {"fp16": dataclasses.replace(speeds["fp16"], tpots_s=())})
+    assert "TPOT 36.6 ms alone; 30 output tok/s at 4 at once" in older.lines()[0]
+    own = dataclasses.replace(launches[1], model_dir=Path("/v/int8"))
+    assert not measured_tiers(admission, [launches[0], own])["int8"].emulated

@@ -57,7 +57,8 @@ def test_a_less_accurate_tier_must_be_min_gain_cheaper_and_the_reason_says_so() 
     derived = derive_chain("tolerant", ROUTE, Goal(floor=0.6), figures, "fp16")
     assert derived.chain == ("fp16",)
     assert derived.reasons["int8"] == (
-        "dominated by fp16 (better, and this tier is not more than 10% cheaper): overflow only"
+        "dominated by fp16 (better, and this tier is not more than 10% cheaper "
+        "(point figures: no per-prompt samples)): overflow only"
     )
     assert derived.reasons["int4"].startswith(
         "dominated by int8 (better, and this tier is not more"
