@@ -79,22 +79,9 @@ class Runtime:
     request_log: RequestLog | None = None
 
 
-def get_config(request: Request) -> GatewayConfig:
-    """The app's ``GatewayConfig``."""
-    config = request.app.state.config
-    if not isinstance(config, GatewayConfig):
-        raise RuntimeError("app.state.config is not set: build the app with gateway.create_app")
-    return config
-
-
 def get_runtime(request: Request) -> Runtime:
     """The app's ``Runtime`` (exists while the lifespan runs)."""
     runtime = getattr(request.app.state, "runtime", None)
     if not isinstance(runtime, Runtime):
         raise RuntimeError("app.state.runtime is not set: the gateway lifespan has not run")
     return runtime
-
-
-def get_upstream(request: Request) -> Upstream:
-    """The app's ``Upstream`` (exists while the lifespan runs)."""
-    return get_runtime(request).upstream

@@ -155,16 +155,6 @@ class _Override:
         return any(phrase in padded for phrase in self.phrases)
 
 
-def classify(
-    request_text: str, token_count: int, policy: ClassesPolicy | CompiledClasses
-) -> Classification:
-    """The keyword rules' class of one text of ``token_count`` tokens (``long`` first)."""
-    rules = policy if isinstance(policy, CompiledClasses) else CompiledClasses.build(policy)
-    if token_count >= rules.long_min_tokens:
-        return Classification(LONG, f"long: {token_count} prompt tokens >= {rules.long_min_tokens}")
-    return classify_text(request_text, rules.keywords)
-
-
 # --------------------------------------------------------------------------- requests
 
 

@@ -1,12 +1,13 @@
 """Plan one completion request: count → classify → check limits → choose tiers (pure).
 
-``plan_request`` turns a request body into a ``Plan``: its class and the header-ready reason,
-its prompt tokens, and the chain of tiers to try, each with the ``max_tokens`` to send it (a
-clamped value, the client's own, or ``None`` to leave the body alone). A request that cannot be
-served raises ``APIError`` in OpenAI's shape: 400 for the client's mistakes (malformed
-messages, ``context_length_exceeded``, oversized ``max_tokens`` when the policy rejects), 503
-with ``Retry-After`` when no tier can take it now. Nothing here does I/O: the tier statuses
-come from gateway/control/tier_status.py and the policy from gateway/policy/store.py.
+``assess`` then ``plan_route`` turn a request body into a ``Plan``: its class and the
+header-ready reason, its prompt tokens, and the chain of tiers to try, each with the
+``max_tokens`` to send it (a clamped value, the client's own, or ``None`` to leave the body
+alone). A request that cannot be served raises ``APIError`` in OpenAI's shape: 400 for the
+client's mistakes (malformed messages, ``context_length_exceeded``, oversized ``max_tokens``
+when the policy rejects), 503 with ``Retry-After`` when no tier can take it now. Nothing here
+does I/O: the tier statuses come from gateway/control/tier_status.py and the policy from
+gateway/policy/store.py.
 
 Order of the checks (policies/routing.yaml explains each knob):
 0. the fields that multiply its cost (n, best_of, list prompts, logprobs, tools, and stream's
@@ -76,19 +77,6 @@ class Assessment:
     cost: int = 1  # sequences to generate: prompts x max(n, best_of) (gateway/request/costs.py)
     p_precise: float | None = None  # the classifier model's probability, when it decided
     counted: bool = True  # False: input_tokens is a bound that decided every limit (see assess)
-
-
-def plan_request(
-    body: Mapping[str, Any],
-    path: str,
-    policy: RoutingPolicy,
-    rules: CompiledClasses,
-    counter: PromptCounter,
-    statuses: Mapping[str, TierStatus],
-    pinned: str | None = None,
-) -> Plan:
-    """The plan for ``body`` sent to ``path`` (see the module docstring); raises ``APIError``."""
-    return plan_route(assess(body, path, policy, rules, counter), policy, statuses, pinned, path)
 
 
 def assess(
@@ -276,10 +264,6 @@ def _too_long(message: str, cls: str, reason: str, path: str) -> APIError:
         code=CONTEXT_LENGTH_EXCEEDED,
         headers=route_headers(cls, None, reason),
     )
-
-
-def _invalid(message: str, param: str) -> APIError:
-    return APIError(400, message, INVALID_REQUEST, param=param, code="invalid_value")
 
 
 def _header(text: str) -> str:

@@ -8,8 +8,9 @@ from gateway.request.classify import (
     LONG,
     MATH,
     TOLERANT,
+    Classification,
     CompiledClasses,
-    classify,
+    classify_request,
     count_numbers,
     request_text,
 )
@@ -20,6 +21,14 @@ tiers: [fp16]
 routes: {tolerant: [fp16], code: [fp16], math: [fp16], long: [fp16]}
 """
 KEYWORD_RULES = ROOT / "policies" / "classes-keyword-rules.yaml"
+
+
+def classify(
+    text: str, token_count: int, policy: ClassesPolicy | CompiledClasses
+) -> Classification:
+    """The class the gateway gives a completions request of ``text`` (one prompt)."""
+    rules = policy if isinstance(policy, CompiledClasses) else CompiledClasses.build(policy)
+    return classify_request({"prompt": text}, token_count, rules)
 
 
 def _classes(yaml_classes: str) -> ClassesPolicy:

@@ -1,4 +1,4 @@
-"""plan_request: counting, classification, limits and the chain with per-tier max_tokens."""
+"""assess and plan_route: counting, classification, limits, the chain with per-tier max_tokens."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from gateway.request.limits import TokenCounter
 from gateway.request.plan import (
     Plan,
     assess,
-    plan_request,
+    plan_route,
     route_headers,
 )
 from gateway.request.prompt_count import ByteCounter, count_prompt
@@ -35,9 +35,8 @@ def _plan(
     pinned: str | None = None,
 ) -> Plan:
     rules = RULES if policy is SHIPPED else CompiledClasses.build(policy.classes)
-    return plan_request(
-        body, path, policy, rules, ByteCounter(), statuses or tier_statuses(), pinned
-    )
+    found = assess(body, path, policy, rules, ByteCounter())
+    return plan_route(found, policy, statuses or tier_statuses(), pinned, path)
 
 
 def _chat(text: str, **extra: Any) -> dict[str, Any]:
