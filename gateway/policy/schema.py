@@ -57,16 +57,7 @@ from common.operator_yaml import (
     read_text,
     validate,
 )
-from gateway.policy.classes import ClassesPolicy as ClassesPolicy
-from gateway.policy.classes import CodeRule as CodeRule
-from gateway.policy.classes import LongRule as LongRule
-from gateway.policy.classes import MathRule as MathRule
-from gateway.policy.classes import ModelRule as ModelRule
-from gateway.policy.classes import NonNegativeFloat, PositiveFloat, PositiveInt
-from gateway.policy.classes import Override as Override
-from gateway.policy.classes import Pattern as Pattern
-from gateway.policy.classes import TaskRule as TaskRule
-from gateway.policy.classes import WindowRule as WindowRule
+from gateway.policy.classes import ClassesPolicy, NonNegativeFloat, PositiveFloat, PositiveInt
 from gateway.policy.classes import check_name as _check_name
 from gateway.policy.escalation import EscalationPolicy, escalation_problems
 from gateway.policy.fields import FieldsPolicy

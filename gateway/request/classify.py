@@ -46,22 +46,13 @@ from pathlib import Path
 from typing import Any
 
 from common.prompt_features import window
-from gateway.policy.schema import ClassesPolicy, ModelRule, Override, PolicyError
-from gateway.request.classification import CODE as CODE
-from gateway.request.classification import LONG as LONG
-from gateway.request.classification import MATH as MATH
-from gateway.request.classification import TOLERANT as TOLERANT
-from gateway.request.classification import Classification as Classification
-from gateway.request.classification import ascii_text
+from gateway.policy.classes import ClassesPolicy, ModelRule, Override
+from gateway.policy.schema import PolicyError
+from gateway.request.classification import CODE, LONG, MATH, TOLERANT, Classification, ascii_text
 from gateway.request.keyword_rules import WORD_TABLE, KeywordRules, classify_text, words_of
-from gateway.request.keyword_rules import count_numbers as count_numbers
 from gateway.request.prefilter import Matcher, Scan
 from gateway.request.prompt_model import ModelError, PromptModel, TextScore, combine, sigmoid
-from gateway.request.prompt_text import Parts as Parts
-from gateway.request.prompt_text import content_texts as content_texts
-from gateway.request.prompt_text import read_texts
-from gateway.request.prompt_text import request_parts as request_parts
-from gateway.request.prompt_text import request_text as request_text
+from gateway.request.prompt_text import Parts, read_texts, request_parts
 
 # --------------------------------------------------------------------------- compiled rules
 

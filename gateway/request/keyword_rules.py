@@ -22,7 +22,7 @@ import string
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gateway.policy.schema import ClassesPolicy, CodeRule, MathRule, Pattern, TaskRule
+from gateway.policy.classes import ClassesPolicy, CodeRule, MathRule, Pattern, TaskRule
 from gateway.request.classification import CODE, MATH, TOLERANT, Classification, ascii_text
 from gateway.request.prefilter import DIGITS, Matcher, Scan
 

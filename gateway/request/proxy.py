@@ -29,14 +29,7 @@ from gateway.errors import DETAIL, FULL_DETAIL, SERVER_ERROR, APIError, full_det
 from gateway.policy.schema import RoutingPolicy
 from gateway.request.answer_usage import MalformedAnswer, answer_usage
 from gateway.request.assemble import as_stream, assemblable
-from gateway.request.body import (
-    MAX_JSON_DEPTH,
-    check_model,
-    nested_deeper_than,
-    parse_json_object,
-    read_body,
-    wants_stream,
-)
+from gateway.request.body import check_model, parse_json_object, read_body, wants_stream
 from gateway.request.chain import NO_SERVER, Asked, open_chain
 from gateway.request.continuation import unresumable
 from gateway.request.endpoint_choice import Saturation, endpoint_id, session_key
@@ -54,14 +47,6 @@ from gateway.telemetry import inject_trace_headers
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "MAX_JSON_DEPTH",
-    "UpstreamStreamingResponse",
-    "check_model",
-    "nested_deeper_than",
-    "parse_json_object",
-    "wants_stream",
-]
 TIER_HEADER = "x-route-tier"
 ENDPOINT_HEADER = "x-route-endpoint"  # which endpoint of the tier's pool answered
 ATTR_ENDPOINT = "gateway.route.endpoint"

@@ -2,18 +2,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy.schema import ClassesPolicy, parse_policy
-from gateway.request.classify import (
-    CODE,
-    LONG,
-    MATH,
-    TOLERANT,
-    Classification,
-    CompiledClasses,
-    classify_request,
-    count_numbers,
-    request_text,
-)
+from gateway.policy.classes import ClassesPolicy
+from gateway.policy.schema import parse_policy
+from gateway.request.classification import CODE, LONG, MATH, TOLERANT, Classification
+from gateway.request.classify import CompiledClasses, classify_request
+from gateway.request.keyword_rules import count_numbers
+from gateway.request.prompt_text import request_text
 
 ROOT = Path(__file__).resolve().parents[4]
 ROUTES = """\

@@ -17,15 +17,15 @@ from starlette.types import Message
 
 from gateway.config import TierEndpoint
 from gateway.errors import APIError
-from gateway.request.proxy import (
+from gateway.request.body import (
     MAX_JSON_DEPTH,
-    UpstreamStreamingResponse,
     check_model,
     nested_deeper_than,
-    offer_shadow,
     parse_json_object,
     wants_stream,
 )
+from gateway.request.proxy import offer_shadow
+from gateway.request.relay import UpstreamStreamingResponse
 from gateway.request.upstream import Upstream
 
 MODEL = "stub-model"  # what the stub tier serves (conftest.StubTier)
