@@ -51,8 +51,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from classifier import evaluate  # noqa: E402
+from common.class_categories import LONG  # noqa: E402
 from gateway.policy.schema import PolicyError  # noqa: E402
-from gateway.request.classification import LONG  # noqa: E402
 from gateway.request.classify import CompiledClasses, classify_request  # noqa: E402
 from gateway.request.limits import TokenCounter, TokenizerError, read_chat_template  # noqa: E402
 from gateway.request.prefilter import Scan  # noqa: E402

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.class_categories import CODE, MATH, TOLERANT
 from gateway.policy.classes import ClassesPolicy
 from gateway.policy.schema import PolicyError, load_policy, parse_policy
-from gateway.request.classification import CODE, MATH, TOLERANT
 from gateway.request.classify import CompiledClasses, classify_request
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,12 +9,13 @@ from typing import Protocol
 from opentelemetry.trace import Tracer
 from starlette.requests import Request
 
+from common.class_categories import CLASS_NAMES
 from gateway.config import GatewayConfig
 from gateway.control.shadow import ShadowSampler
 from gateway.control.tier_memory import TierMemory
 from gateway.control.tier_status import TierBoard
 from gateway.metrics import GatewayMetrics
-from gateway.policy.schema import CLASS_NAMES, RoutingPolicy
+from gateway.policy.schema import RoutingPolicy
 from gateway.policy.store import ActivePolicy
 from gateway.request.prompt_count import PromptCounter
 from gateway.request.upstream import Upstream

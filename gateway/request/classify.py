@@ -45,10 +45,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.class_categories import CODE, LONG, MATH, TOLERANT
 from common.prompt_features import window
 from gateway.policy.classes import ClassesPolicy, ModelRule, Override
 from gateway.policy.schema import PolicyError
-from gateway.request.classification import CODE, LONG, MATH, TOLERANT, Classification, ascii_text
+from gateway.request.classification import Classification, ascii_text
 from gateway.request.keyword_rules import WORD_TABLE, KeywordRules, classify_text, words_of
 from gateway.request.prefilter import Matcher, Scan
 from gateway.request.prompt_model import ModelError, PromptModel, TextScore, combine, sigmoid

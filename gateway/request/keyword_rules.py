@@ -22,8 +22,9 @@ import string
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from common.class_categories import CODE, MATH, TOLERANT
 from gateway.policy.classes import ClassesPolicy, CodeRule, MathRule, Pattern, TaskRule
-from gateway.request.classification import CODE, MATH, TOLERANT, Classification, ascii_text
+from gateway.request.classification import Classification, ascii_text
 from gateway.request.prefilter import DIGITS, Matcher, Scan
 
 _FENCE = r"\n[ \t]*(?:```|~~~)"

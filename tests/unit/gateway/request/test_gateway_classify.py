@@ -2,9 +2,10 @@ from pathlib import Path
 
 import pytest
 
+from common.class_categories import CODE, LONG, MATH, TOLERANT
 from gateway.policy.classes import ClassesPolicy
 from gateway.policy.schema import parse_policy
-from gateway.request.classification import CODE, LONG, MATH, TOLERANT, Classification
+from gateway.request.classification import Classification
 from gateway.request.classify import CompiledClasses, classify_request
 from gateway.request.keyword_rules import count_numbers
 from gateway.request.prompt_text import request_text

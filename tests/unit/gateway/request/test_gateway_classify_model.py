@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from common.class_categories import CODE, LONG, MATH, TOLERANT
 from gateway.policy.schema import PolicyError, load_policy, parse_policy
-from gateway.request.classification import CODE, LONG, MATH, TOLERANT
 from gateway.request.classify import CompiledClasses, classify_request
 from gateway.request.prompt_text import request_parts
 
