@@ -171,11 +171,6 @@ def delta(before: TierMetrics, after: TierMetrics) -> MetricsDelta:
     return MetricsDelta(restarted=restarted, **diffs)
 
 
-def prefix_hit_rate(before: TierMetrics, after: TierMetrics) -> float | None:
-    """Prefix-cache hit rate between two scrapes; None when no prompt token was queried."""
-    return delta(before, after).hit_rate
-
-
 def _samples_by_name(text: str, model_name: str | None) -> dict[str, list[Sample]]:
     try:
         families = list(text_string_to_metric_families(text))

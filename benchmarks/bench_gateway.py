@@ -66,6 +66,7 @@ sys.path.insert(0, str(ROOT))
 
 from backends.process import free_port  # noqa: E402
 from benchmarks.http_load import LoadError, Pool, post_bytes  # noqa: E402
+from common.class_categories import CLASS_NAMES  # noqa: E402
 from gateway.policy.schema import load_policy  # noqa: E402
 from measure.serving_stats import percentile  # noqa: E402
 from model_optimizer.envs import cache_root  # noqa: E402
@@ -325,7 +326,7 @@ def write_gateway_config(
         policy = {
             "tiers": ["fp16"],
             "classes": shipped["classes"],
-            "routes": {cls: ["fp16"] for cls in ("tolerant", "code", "math", "long")},
+            "routes": {cls: ["fp16"] for cls in CLASS_NAMES},
             "failover": {"whole_answers": whole_answers},
         }
         policy_path.write_text(yaml.safe_dump(policy, sort_keys=False), encoding="utf-8")

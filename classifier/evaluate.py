@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.policy.schema import ClassesPolicy, PolicyError, load_policy, parse_policy
-from gateway.request.classify import CODE, MATH, TOLERANT, CompiledClasses, classify_request
+from common.class_categories import CODE, MATH, TOLERANT
+from gateway.policy.classes import ClassesPolicy
+from gateway.policy.schema import PolicyError, load_policy, parse_policy
+from gateway.request.classify import CompiledClasses, classify_request
 
 ROOT = Path(__file__).resolve().parent.parent
 HELDOUT = ROOT / "classifier" / "data" / "heldout.jsonl"

@@ -243,7 +243,8 @@ def load_counter(config: GatewayConfig) -> PromptCounter:
 
 
 async def scrape_all(runtime: Runtime) -> None:
-    """Scrape every endpoint of every tier once (concurrently) and publish what was seen."""
+    """Scrape every endpoint of every tier once (concurrently), apply the marks other replicas
+    shared, and log each tier whose state changed."""
     config, board = runtime.config, runtime.board
     before = {name: board.state(name) for name in board.tiers}
     await scrape_pools(
@@ -257,7 +258,6 @@ async def scrape_all(runtime: Runtime) -> None:
         if state != before[name]:
             log = logger.warning if state == TierState.DOWN else logger.info
             log("tier %s: %s -> %s", name, before[name], state)
-    await runtime.shared.put_tier_health(states, ttl=3 * runtime.config.metrics_interval)
 
 
 async def keep_running(

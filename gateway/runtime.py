@@ -9,12 +9,13 @@ from typing import Protocol
 from opentelemetry.trace import Tracer
 from starlette.requests import Request
 
+from common.class_categories import CLASS_NAMES
 from gateway.config import GatewayConfig
 from gateway.control.shadow import ShadowSampler
 from gateway.control.tier_memory import TierMemory
 from gateway.control.tier_status import TierBoard
 from gateway.metrics import GatewayMetrics
-from gateway.policy.schema import CLASS_NAMES, RoutingPolicy
+from gateway.policy.schema import RoutingPolicy
 from gateway.policy.store import ActivePolicy
 from gateway.request.prompt_count import PromptCounter
 from gateway.request.upstream import Upstream
@@ -79,22 +80,9 @@ class Runtime:
     request_log: RequestLog | None = None
 
 
-def get_config(request: Request) -> GatewayConfig:
-    """The app's ``GatewayConfig``."""
-    config = request.app.state.config
-    if not isinstance(config, GatewayConfig):
-        raise RuntimeError("app.state.config is not set: build the app with gateway.create_app")
-    return config
-
-
 def get_runtime(request: Request) -> Runtime:
     """The app's ``Runtime`` (exists while the lifespan runs)."""
     runtime = getattr(request.app.state, "runtime", None)
     if not isinstance(runtime, Runtime):
         raise RuntimeError("app.state.runtime is not set: the gateway lifespan has not run")
     return runtime
-
-
-def get_upstream(request: Request) -> Upstream:
-    """The app's ``Upstream`` (exists while the lifespan runs)."""
-    return get_runtime(request).upstream

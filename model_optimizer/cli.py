@@ -13,10 +13,11 @@ from pathlib import Path
 
 from backends.process import TierStartError
 from backends.spec import SpecError, load_spec
+from common.class_categories import CLASS_NAMES
 from gateway.measured import MeasuredError, MeasuredStack, measured_path, read_measured
 from gateway.policy.chain_check import check_chains, route_lines
 from gateway.policy.derive import derive_routes
-from gateway.policy.schema import CLASS_NAMES, PolicyError, RoutingPolicy
+from gateway.policy.schema import PolicyError, RoutingPolicy
 from gateway.policy.store import PolicyStore
 from measure import command as bench_command
 from measure import eval_cli

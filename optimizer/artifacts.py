@@ -18,10 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Re-exported: the folder's names live in common/ so backends/ can read them too.
-from common.variant_folder import FAILED_SUFFIX as FAILED_SUFFIX
-from common.variant_folder import METADATA as METADATA
-from common.variant_folder import failed_report_path as failed_report_path
+from common.variant_folder import FAILED_SUFFIX, METADATA, failed_report_path
 
 TMP_PREFIX = ".tmp-"
 

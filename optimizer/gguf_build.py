@@ -32,6 +32,7 @@ from typing import Any
 
 from common.cpu import cpu_model, read_cpuinfo
 from common.llama_cpp import LlamaCpp, LlamaCppMissing, locate
+from common.variant_folder import METADATA
 from optimizer import artifacts
 from optimizer.artifacts import InputKey
 from optimizer.gguf_measure import GGUFBuildError, judged_modules, phase_check, phase_time
@@ -318,7 +319,7 @@ def verify_gguf(model_dir: Path, variant_dir: Path, recipe: Any, say: Progress) 
     ``check`` command): ``CheckFailed`` with the message ``optimize`` would give."""
     from optimizer.sources import ModelSource
 
-    meta = json.loads((variant_dir / artifacts.METADATA).read_text())
+    meta = json.loads((variant_dir / METADATA).read_text())
     variant = str(meta["variant"])
     if variant not in recipe.variants:
         raise CheckFailed(f"precision check: the recipe has no thresholds for {variant}")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.variant_folder import METADATA, failed_report_path
 from optimizer import artifacts
 from optimizer.artifacts import InputKey
 from optimizer.gguf_layout import gguf_layout
@@ -71,11 +72,11 @@ def write_variant(
             artifacts.write_json(folder / "kv_cache_config.json", json.loads(kv_config.to_json()))
             metadata = metadata_for(job, variant, key, made, layout, folder)
             metadata["durations_s"] = {"build_and_check": round(time.monotonic() - started, 2)}
-            artifacts.write_json(folder / artifacts.METADATA, metadata)
+            artifacts.write_json(folder / METADATA, metadata)
             if not check["passed"]:
                 raise _Discard()
     except _Discard:
-        artifacts.write_json(artifacts.failed_report_path(final), metadata)
+        artifacts.write_json(failed_report_path(final), metadata)
         say(f"[{variant}] {check['message'].splitlines()[0]}")
         return VariantResult(variant, final, skipped=False, passed=False, metadata=metadata)
     report = check["report"]

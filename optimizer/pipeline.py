@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.variant_folder import METADATA, failed_report_path
 from optimizer import artifacts
 from optimizer.artifacts import InputKey
 from optimizer.check import CheckThresholds, compare_models, evaluate, failure_message
@@ -299,12 +300,12 @@ def build_variant(
             quantized = [layer.name for layer in plan.layers if is_quantized(layer.precision)]
             check = phase_check(job, variant, original, tokenizer, folder, quantized)
             metadata = phase_metadata(job, variant, key, plan, check, folder, started, quantized_at)
-            artifacts.write_json(folder / artifacts.METADATA, metadata)
+            artifacts.write_json(folder / METADATA, metadata)
             if not check["passed"]:
                 raise _Discard()
     except _Discard:
         # The weights are dropped with the staging folder; the report stays beside it.
-        artifacts.write_json(artifacts.failed_report_path(final), metadata)
+        artifacts.write_json(failed_report_path(final), metadata)
         say(f"[{variant}] {check['message'].splitlines()[0]}")
         return VariantResult(variant, final, skipped=False, passed=False, metadata=metadata)
     say(_summary(variant, metadata))
@@ -372,7 +373,7 @@ def verify(model_dir: Path, variant_dir: Path, recipe: Recipe, say: Progress) ->
     The variant's name (fp16/int8/int4) comes from its metadata.json; thresholds from the
     recipe. Raises ``CheckFailed`` with the same message ``optimize`` would give.
     """
-    meta = json.loads((variant_dir / artifacts.METADATA).read_text())
+    meta = json.loads((variant_dir / METADATA).read_text())
     variant = str(meta["variant"])
     if variant not in recipe.variants:
         raise CheckFailed(f"precision check: the recipe has no thresholds for {variant}")
@@ -407,9 +408,9 @@ def emulate(variant_dir: Path, output: Path, say: Progress) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils.quantization_config import CompressedTensorsConfig
 
-    meta = json.loads((variant_dir / artifacts.METADATA).read_text())
+    meta = json.loads((variant_dir / METADATA).read_text())
     digest = meta["input_key"]["digest"]
-    done = output / artifacts.METADATA
+    done = output / METADATA
     if done.is_file() and json.loads(done.read_text()).get("emulates", {}).get("digest") == digest:
         say(f"[{meta['variant']}] emulated copy up to date: {output}")
         return output
@@ -436,5 +437,5 @@ def emulate(variant_dir: Path, output: Path, say: Progress) -> Path:
             "emulates": {"variant": meta["variant"], "folder": str(variant_dir), "digest": digest},
             "note": "weights on the quantized grid, stored as bf16: same answers, no memory saving",
         }
-        artifacts.write_json(folder / artifacts.METADATA, emulated)
+        artifacts.write_json(folder / METADATA, emulated)
     return output

@@ -37,8 +37,9 @@ from collections.abc import Mapping
 import anyio
 
 from backends.tier_state import TierState
+from common.class_categories import CLASS_NAMES
 from gateway.control.tier_status import EndpointMarks, Marks, TierBoard
-from gateway.policy.schema import CLASS_NAMES, RoutingPolicy
+from gateway.policy.schema import RoutingPolicy
 from gateway.shared.records import SharedRecords
 
 MARKS = "reset:marks"

@@ -30,10 +30,10 @@ from backends.metrics import (
     parse_metrics,
 )
 from backends.tier_state import TierState
+from common.class_categories import CLASS_NAMES
 from gateway.config import TierEndpoint
 from gateway.control.live_guard import LiveGuard
 from gateway.errors import APIError
-from gateway.policy.schema import CLASS_NAMES
 from gateway.request.endpoint_choice import (
     EndpointStatus,
     Saturation,

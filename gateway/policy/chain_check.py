@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from common.class_categories import CLASS_CATEGORIES
+from common.class_categories import CLASS_CATEGORIES, CLASS_NAMES
 from common.operator_yaml import compose_yaml, line_of
 from gateway.policy.derive import TierFigures
-from gateway.policy.schema import CLASS_NAMES, PolicyError, RoutingPolicy
+from gateway.policy.schema import PolicyError, RoutingPolicy
 
 ANSWER_TOKENS = 128  # the answer length the latency cost assumes (derive's default)
 

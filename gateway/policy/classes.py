@@ -1,6 +1,6 @@
 """The routing policy's ``classes`` section: how the gateway classifies a request
 (gateway/request/classify.py), schema only. Part of the policy schema (gateway/policy/schema.py
-re-exports every name); here so that each module stays one sitting's read.
+holds the rest); here so that each module stays one sitting's read.
 
 Every regular expression (keyword-rule patterns, overrides) must compile and pass the
 linear-time rule of gateway/policy/linear.py.

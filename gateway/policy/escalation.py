@@ -5,19 +5,17 @@ when one degenerates (gateway/request/stream_watch.py). Off while ``tiers`` is e
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Literal
 
 from pydantic import Field
 
+from common.class_categories import CLASS_NAMES, ClassName
 from common.operator_yaml import Section
 from gateway.policy.classes import PositiveInt
 from gateway.request.degeneration import ConfidenceCheck, LoopCheck, ScriptCheck
 
-ClassName = Literal["tolerant", "code", "math", "long"]
-
 
 def _all_classes() -> list[ClassName]:
-    return ["tolerant", "code", "math", "long"]
+    return list(CLASS_NAMES)
 
 
 class LoopRule(Section):

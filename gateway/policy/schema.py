@@ -49,6 +49,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, field_validator, model_validator
 
+# CLASS_NAMES is also imported from here by gateway/policy/derive.py (changed in parallel; it
+# should import it from common/class_categories.py, and this explicit export then goes).
+from common.class_categories import CLASS_NAMES as CLASS_NAMES
 from common.operator_yaml import (
     OperatorYamlError,
     Section,
@@ -57,22 +60,11 @@ from common.operator_yaml import (
     read_text,
     validate,
 )
-from gateway.policy.classes import ClassesPolicy as ClassesPolicy
-from gateway.policy.classes import CodeRule as CodeRule
-from gateway.policy.classes import LongRule as LongRule
-from gateway.policy.classes import MathRule as MathRule
-from gateway.policy.classes import ModelRule as ModelRule
-from gateway.policy.classes import NonNegativeFloat, PositiveFloat, PositiveInt
-from gateway.policy.classes import Override as Override
-from gateway.policy.classes import Pattern as Pattern
-from gateway.policy.classes import TaskRule as TaskRule
-from gateway.policy.classes import WindowRule as WindowRule
+from gateway.policy.classes import ClassesPolicy, NonNegativeFloat, PositiveFloat, PositiveInt
 from gateway.policy.classes import check_name as _check_name
 from gateway.policy.escalation import EscalationPolicy, escalation_problems
 from gateway.policy.fields import FieldsPolicy
 
-ClassName = Literal["tolerant", "code", "math", "long"]
-CLASS_NAMES: tuple[ClassName, ...] = ("tolerant", "code", "math", "long")
 Strategy = Literal["ordered", "most_free_kv"]
 ResetWhen = Literal["window_and_quiet", "window_or_quiet", "window", "quiet"]
 Loc = tuple[str | int, ...]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.request.continuation import event_data, unresumable
+from gateway.request.kind import Kind
 from gateway.request.sse_buffer import EventBuffer
 
 # Request fields whose whole answer a stream does not give back as it is.
@@ -53,13 +54,13 @@ _CHAT_ANSWER = {"prompt_logprobs": None, "prompt_token_ids": None, "prompt_text"
 _USAGE = {"prompt_tokens_details": None, "completion_tokens_details": None}
 
 
-def assemblable(body: Mapping[str, Any], path: str) -> bool:
+def assemblable(body: Mapping[str, Any], kind: Kind) -> bool:
     """Whether a non-streamed request can be asked as a stream and its answer assembled."""
     if body.get("stream") is not None and body.get("stream") is not False:
         return False
     if any(body.get(field) is not None for field in _WHOLE_ONLY):
         return False
-    return unresumable(body, path) is None
+    return unresumable(body, kind) is None
 
 
 def as_stream(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -115,19 +115,6 @@ def utf8_text(raw: bytes) -> str:
     return text[1:] if text.startswith("\ufeff") else text
 
 
-def nested_deeper_than(raw: bytes, limit: int) -> bool:
-    """Whether the JSON text ``raw`` nests objects and arrays more than ``limit`` levels (or
-    has brackets that never pair up, which the decoder then refuses anyway)."""
-    return _shape(raw, limit, None) is not None
-
-
-def values_over(raw: bytes, limit: int) -> int | None:
-    """How many values (objects, arrays, strings, numbers, literals, object keys) the UTF-8
-    JSON text ``raw`` holds when that is more than ``limit``; None otherwise."""
-    found = _shape(raw, None, limit)
-    return None if found is None else found[1]
-
-
 def check_shape(raw: bytes, max_depth: int, max_values: int) -> None:
     """A 400 when the UTF-8 JSON text ``raw`` nests objects and arrays more than ``max_depth``
     levels or holds more than ``max_values`` values, found in one pass of byte operations

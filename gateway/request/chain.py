@@ -20,6 +20,7 @@ import httpx
 from gateway.config import TierEndpoint
 from gateway.errors import SERVER_ERROR, APIError
 from gateway.request.exchange import Exchange
+from gateway.request.kind import Kind
 from gateway.request.upstream import Upstream, UpstreamLost, UpstreamUnavailable, aclose_quietly
 
 NO_SERVER = "no model server is available; retry shortly"  # what clients are told
@@ -29,7 +30,7 @@ NO_SERVER = "no model server is available; retry shortly"  # what clients are to
 class Asked:
     """What a request asks, as every tier of its chain is asked it."""
 
-    path: str
+    kind: Kind
     headers: Mapping[str, str]
     body_for: Callable[[str], Mapping[str, Any]]  # the body planned for a tier, by its name
     max_tokens_field: str
@@ -51,7 +52,7 @@ async def open_chain(
     before the next tier. Returns the endpoint that answered (its ``base_url`` is the
     endpoint's URL) and its response."""
     failures: list[str] = []
-    path, headers, first_byte = asked.path, asked.headers, asked.first_byte
+    path, headers, first_byte = asked.kind.path, asked.headers, asked.first_byte
     for endpoints in tiers:
         if not endpoints:
             continue

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TOLERANT, CODE, MATH, LONG = "tolerant", "code", "math", "long"
-
 
 @dataclass(frozen=True)
 class Classification:

@@ -45,23 +45,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.class_categories import CODE, LONG, MATH, TOLERANT
 from common.prompt_features import window
-from gateway.policy.schema import ClassesPolicy, ModelRule, Override, PolicyError
-from gateway.request.classification import CODE as CODE
-from gateway.request.classification import LONG as LONG
-from gateway.request.classification import MATH as MATH
-from gateway.request.classification import TOLERANT as TOLERANT
-from gateway.request.classification import Classification as Classification
-from gateway.request.classification import ascii_text
+from gateway.policy.classes import ClassesPolicy, ModelRule, Override
+from gateway.policy.schema import PolicyError
+from gateway.request.classification import Classification, ascii_text
 from gateway.request.keyword_rules import WORD_TABLE, KeywordRules, classify_text, words_of
-from gateway.request.keyword_rules import count_numbers as count_numbers
 from gateway.request.prefilter import Matcher, Scan
 from gateway.request.prompt_model import ModelError, PromptModel, TextScore, combine, sigmoid
-from gateway.request.prompt_text import Parts as Parts
-from gateway.request.prompt_text import content_texts as content_texts
-from gateway.request.prompt_text import read_texts
-from gateway.request.prompt_text import request_parts as request_parts
-from gateway.request.prompt_text import request_text as request_text
+from gateway.request.prompt_text import Parts, read_texts, request_parts
 
 # --------------------------------------------------------------------------- compiled rules
 
@@ -153,16 +145,6 @@ class _Override:
             return True
         padded = b" " + b" ".join(spaced.split()) + b" " if self.phrases else b""
         return any(phrase in padded for phrase in self.phrases)
-
-
-def classify(
-    request_text: str, token_count: int, policy: ClassesPolicy | CompiledClasses
-) -> Classification:
-    """The keyword rules' class of one text of ``token_count`` tokens (``long`` first)."""
-    rules = policy if isinstance(policy, CompiledClasses) else CompiledClasses.build(policy)
-    if token_count >= rules.long_min_tokens:
-        return Classification(LONG, f"long: {token_count} prompt tokens >= {rules.long_min_tokens}")
-    return classify_text(request_text, rules.keywords)
 
 
 # --------------------------------------------------------------------------- requests

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.request.prompt_count import CHAT
+from gateway.request.kind import Kind
 
 DONE = b"data: [DONE]\n\n"
 CUT = "its stream ended before its answer did (no finish_reason, no [DONE])"
@@ -227,7 +227,7 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def unresumable(body: Mapping[str, Any], path: str) -> str | None:
+def unresumable(body: Mapping[str, Any], kind: Kind) -> str | None:
     """Why an answer to ``body`` could not be continued on another tier, or None."""
     if body.get("n") not in (None, 1) or body.get("best_of") not in (None, 1):
         return "several choices"
@@ -238,7 +238,7 @@ def unresumable(body: Mapping[str, Any], path: str) -> str | None:
         return "structured output"
     if any(body.get(field) is not None for field in _STRUCTURED):
         return "structured output"
-    if path == CHAT:
+    if kind is Kind.CHAT:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return "no messages"
@@ -266,7 +266,7 @@ def used_up(body: Mapping[str, Any], generated: int, max_tokens_field: str) -> b
 
 
 def continuation_body(
-    body: Mapping[str, Any], path: str, sent: Sent, generated: int, max_tokens_field: str
+    body: Mapping[str, Any], kind: Kind, sent: Sent, generated: int, max_tokens_field: str
 ) -> dict[str, Any]:
     """The body asking the next tier to go on from ``sent`` (``generated`` tokens so far).
     ``body`` is the one planned for that tier (its ``max_tokens`` fits its context with the
@@ -278,7 +278,7 @@ def continuation_body(
     least = body.get("min_tokens")
     if isinstance(least, int) and not isinstance(least, bool) and least:
         follow["min_tokens"] = max(least - generated, 0)
-    if path == CHAT:
+    if kind is Kind.CHAT:
         messages = list(body["messages"])
         if body.get("continue_final_message"):  # the client's own prefix, already going on
             last = messages[-1]

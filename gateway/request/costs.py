@@ -1,6 +1,6 @@
 """Client fields that multiply what a request costs a tier, checked against the policy (pure).
 
-``request_cost(body, path, limits)`` checks the fields below against the routing policy's
+``request_cost(body, kind, limits)`` checks the fields below against the routing policy's
 ``limits`` section and returns the request's cost: the sequences the tier will generate,
 ``prompts x max(n, best_of)``, which the per-key rate limit counts (gateway/auth.py).
 A field out of bounds is a 400 in OpenAI's shape naming it (``param``), code ``invalid_type``
@@ -30,10 +30,10 @@ from typing import Any
 
 from gateway.errors import INVALID_REQUEST, APIError
 from gateway.policy.schema import LimitsPolicy
-from gateway.request.prompt_count import CHAT
+from gateway.request.kind import Kind
 
 
-def request_cost(body: Mapping[str, Any], path: str, limits: LimitsPolicy) -> int:
+def request_cost(body: Mapping[str, Any], kind: Kind, limits: LimitsPolicy) -> int:
     """The sequences ``body`` asks a tier to generate; ``APIError`` (400) for a field out of
     bounds (see the module docstring)."""
     stream = body.get("stream")
@@ -47,10 +47,10 @@ def request_cost(body: Mapping[str, Any], path: str, limits: LimitsPolicy) -> in
             raise _invalid_value("temperature", f"'temperature' is {temperature}; it must be >= 0")
     n = _count(body, "n", 1, limits.max_n, default=1)
     sequences = n
-    if path != CHAT:
+    if kind is not Kind.CHAT:
         best_of = _count(body, "best_of", n, limits.max_best_of, default=n)
         sequences = max(n, best_of)
-    if path == CHAT:
+    if kind is Kind.CHAT:
         logprobs = body.get("logprobs")
         if logprobs is not None and not isinstance(logprobs, bool):
             raise _invalid_type("logprobs", "a boolean")
@@ -76,12 +76,12 @@ def request_cost(body: Mapping[str, Any], path: str, limits: LimitsPolicy) -> in
             raise _invalid_value(
                 "tools", f"'tools' has {len(tools)} entries; at most {limits.max_tools} here"
             )
-    return sequences * _prompts(body, path, limits)
+    return sequences * _prompts(body, kind, limits)
 
 
-def _prompts(body: Mapping[str, Any], path: str, limits: LimitsPolicy) -> int:
+def _prompts(body: Mapping[str, Any], kind: Kind, limits: LimitsPolicy) -> int:
     """How many prompts the body holds (a list of strings or of token-id lists: each)."""
-    prompt = body.get("prompt") if path != CHAT else None
+    prompt = body.get("prompt") if kind is not Kind.CHAT else None
     if not isinstance(prompt, list) or not prompt:
         return 1
     if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):

@@ -35,7 +35,7 @@ from typing import Any
 from gateway.errors import INVALID_REQUEST, APIError
 from gateway.policy.fields import FieldsPolicy
 from gateway.policy.schema import LimitsPolicy
-from gateway.request.prompt_count import CHAT
+from gateway.request.kind import Kind
 
 SALT_FIELD = "cache_salt"
 _SALT_KEY = b"model-optimizer gateway cache_salt v1"
@@ -110,7 +110,7 @@ def _rules(allow: tuple[str, ...], cache_salt: str, chat: bool) -> Mapping[str, 
 
 def screen_fields(
     body: dict[str, Any],
-    path: str,
+    kind: Kind,
     fields: FieldsPolicy,
     limits: LimitsPolicy,
     key_digest: str | None,
@@ -118,7 +118,7 @@ def screen_fields(
     """Refuse, bound or drop ``body``'s fields as the module docstring says (in place), and set
     its ``cache_salt`` for the key whose digest is ``key_digest``; ``APIError`` (400) naming a
     refused field."""
-    rules = field_rules(fields, path == CHAT)
+    rules = field_rules(fields, kind is Kind.CHAT)
     dropped: list[str] = []
     for name, value in body.items():
         rule = rules.get(name)

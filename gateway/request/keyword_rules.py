@@ -22,8 +22,9 @@ import string
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gateway.policy.schema import ClassesPolicy, CodeRule, MathRule, Pattern, TaskRule
-from gateway.request.classification import CODE, MATH, TOLERANT, Classification, ascii_text
+from common.class_categories import CODE, MATH, TOLERANT
+from gateway.policy.classes import ClassesPolicy, CodeRule, MathRule, Pattern, TaskRule
+from gateway.request.classification import Classification, ascii_text
 from gateway.request.prefilter import DIGITS, Matcher, Scan
 
 _FENCE = r"\n[ \t]*(?:```|~~~)"
@@ -218,7 +219,7 @@ def classify_text(text: str, rules: KeywordRules) -> Classification:
     math.add_keywords(keywords.get(MATH, []), rules.math.keyword_weight)
     math.add_task(rules.math_task, verbs.get(MATH, []), words)
     if rules.math.number_weight and any(digit in scan.marks for digit in DIGITS):
-        numbers, count = _count_numbers(raw), max(len(words), 1)
+        numbers, count = count_numbers(raw), max(len(words), 1)
         if numbers >= rules.math.min_numbers and numbers / count >= rules.math.number_density:
             math.add(rules.math.number_weight, f"{numbers} numbers in {count} words")
 
@@ -264,12 +265,9 @@ def _verdict(code: _Score, math: _Score, rules: KeywordRules) -> Classification:
     return Classification(TOLERANT, ascii_text(reason), code.total, math.total)
 
 
-def count_numbers(text: str) -> int:
-    """Numbers in ``text``: runs of ASCII digits ("." and "," inside a number do not split it)."""
-    return _count_numbers(text.encode("utf-8", "surrogatepass"))
-
-
-def _count_numbers(data: bytes) -> int:
+def count_numbers(data: bytes) -> int:
+    """Numbers in the UTF-8 text ``data``: runs of ASCII digits ("." and "," inside a number do
+    not split it)."""
     return len(data.translate(_DIGIT_TABLE, b".,").split())
 
 

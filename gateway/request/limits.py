@@ -20,7 +20,7 @@ overhead is added per message, derived from the template's markers:
 For ChatML templates this is exact when token merges do not cross a content boundary (a
 content starting or ending with whitespace may differ by a token or two); tool calls count
 their function names and arguments only. A request's ``tools`` are counted as their JSON
-(gateway/request/plan.py's ``count_prompt``), about as a chat template renders them.
+(gateway/request/prompt_count.py's ``count_prompt``), about as a chat template renders them.
 
 Counting is bounded work whatever the prompt's length: given a ``limit`` (the gateway passes the
 longest context of its tiers), a count is exact up to ``limit`` and stops early past it,

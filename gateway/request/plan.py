@@ -1,12 +1,13 @@
 """Plan one completion request: count → classify → check limits → choose tiers (pure).
 
-``plan_request`` turns a request body into a ``Plan``: its class and the header-ready reason,
-its prompt tokens, and the chain of tiers to try, each with the ``max_tokens`` to send it (a
-clamped value, the client's own, or ``None`` to leave the body alone). A request that cannot be
-served raises ``APIError`` in OpenAI's shape: 400 for the client's mistakes (malformed
-messages, ``context_length_exceeded``, oversized ``max_tokens`` when the policy rejects), 503
-with ``Retry-After`` when no tier can take it now. Nothing here does I/O: the tier statuses
-come from gateway/control/tier_status.py and the policy from gateway/policy/store.py.
+``assess`` then ``plan_route`` turn a request body into a ``Plan``: its class and the
+header-ready reason, its prompt tokens, and the chain of tiers to try, each with the
+``max_tokens`` to send it (a clamped value, the client's own, or ``None`` to leave the body
+alone). A request that cannot be served raises ``APIError`` in OpenAI's shape: 400 for the
+client's mistakes (malformed messages, ``context_length_exceeded``, oversized ``max_tokens``
+when the policy rejects), 503 with ``Retry-After`` when no tier can take it now. Nothing here
+does I/O: the tier statuses come from gateway/control/tier_status.py and the policy from
+gateway/policy/store.py.
 
 Order of the checks (policies/routing.yaml explains each knob):
 0. the fields that multiply its cost (n, best_of, list prompts, logprobs, tools, and stream's
@@ -30,9 +31,10 @@ from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError
 from gateway.policy.schema import RoutingPolicy
 from gateway.request.classify import CompiledClasses, classify_request
 from gateway.request.costs import request_cost
+from gateway.request.kind import Kind
 from gateway.request.limits import check_limits, check_prompt
 from gateway.request.prompt_bound import bound_decides
-from gateway.request.prompt_count import CHAT, PromptCounter, bound_prompt, count_prompt
+from gateway.request.prompt_count import PromptCounter, bound_prompt, count_prompt
 from gateway.request.router import (
     CONTEXT_LENGTH_EXCEEDED,
     UNKNOWN_TIER,
@@ -78,22 +80,9 @@ class Assessment:
     counted: bool = True  # False: input_tokens is a bound that decided every limit (see assess)
 
 
-def plan_request(
-    body: Mapping[str, Any],
-    path: str,
-    policy: RoutingPolicy,
-    rules: CompiledClasses,
-    counter: PromptCounter,
-    statuses: Mapping[str, TierStatus],
-    pinned: str | None = None,
-) -> Plan:
-    """The plan for ``body`` sent to ``path`` (see the module docstring); raises ``APIError``."""
-    return plan_route(assess(body, path, policy, rules, counter), policy, statuses, pinned, path)
-
-
 def assess(
     body: Mapping[str, Any],
-    path: str,
+    kind: Kind,
     policy: RoutingPolicy,
     rules: CompiledClasses,
     counter: PromptCounter,
@@ -109,11 +98,11 @@ def assess(
     every limit on all of them (gateway/request/prompt_bound.py) is not tokenized here: the
     assessment carries the bound (``counted`` False) and the caller counts it later.
     """
-    cost = request_cost(body, path, policy.limits)
+    cost = request_cost(body, kind, policy.limits)
     limit = context_limit - 1 if context_limit is not None else None
-    if tiers is not None and (bound := bound_prompt(body, path, counter)) is not None:
+    if tiers is not None and (bound := bound_prompt(body, kind, counter)) is not None:
         try:
-            field, max_tokens = requested_max_tokens(body, path)
+            field, max_tokens = requested_max_tokens(body, kind)
         except APIError:  # a bad max_tokens: the count's errors come first, as without a bound
             bound = None
         if bound is not None and bound_decides(
@@ -122,7 +111,7 @@ def assess(
             found = classify_request(body, bound, rules)
             return Assessment(found.cls, found.reason, bound, field, max_tokens, cost=cost,
                               p_precise=found.p_precise, counted=False)  # fmt: skip
-    input_tokens = count_prompt(body, path, counter, limit)
+    input_tokens = count_prompt(body, kind, counter, limit)
     if limit is not None and input_tokens > limit:
         # Past every tier's context, and past the gateway's own limit when it rejects: say the
         # gateway's limit, the one a client can act on (the count is a lower bound here).
@@ -131,17 +120,17 @@ def assess(
             message = gate.message.replace(
                 f"resulted in {input_tokens} tokens", f"resulted in more than {limit} tokens"
             )
-            raise _too_long(message, "long", "prompt longer than every tier's context", path)
+            raise _too_long(message, "long", "prompt longer than every tier's context", kind)
         raise APIError(
             400,
             f"This model's maximum context length is {context_limit} tokens. However, your "
             f"messages resulted in at least {context_limit} tokens. Please reduce the length "
             "of the messages.",
             INVALID_REQUEST,
-            param="messages" if path == CHAT else "prompt",
+            param="messages" if kind is Kind.CHAT else "prompt",
             code=CONTEXT_LENGTH_EXCEEDED,
         )
-    field, max_tokens = requested_max_tokens(body, path)
+    field, max_tokens = requested_max_tokens(body, kind)
     found = classify_request(body, input_tokens, rules)
     gate = check_prompt(input_tokens, policy.limits)
     if gate is None:
@@ -155,7 +144,7 @@ def assess(
             p_precise=found.p_precise,
         )
     if gate.action == "reject":
-        raise _too_long(gate.message, found.cls, found.reason, path)
+        raise _too_long(gate.message, found.cls, found.reason, kind)
     reason = f"{found.reason}; {gate.message}"
     return Assessment("long", reason, input_tokens, field, max_tokens, long_route=True, cost=cost)
 
@@ -165,7 +154,7 @@ def plan_route(
     policy: RoutingPolicy,
     statuses: Mapping[str, TierStatus],
     pinned: str | None,
-    path: str,
+    kind: Kind,
 ) -> Plan:
     """Steps 4-5: the tiers that may take the request, each with the ``max_tokens`` to send."""
     cls, input_tokens, max_tokens = found.cls, found.input_tokens, found.max_tokens
@@ -173,7 +162,7 @@ def plan_route(
     decision = choose_tier(list(statuses), statuses, request, policy)
     reason = f"{found.reason} | {decision.reason}"
     if not decision.chain:
-        raise _no_chain(decision, request, statuses, policy, reason, path)
+        raise _no_chain(decision, request, statuses, policy, reason, kind)
 
     chain: list[str] = []
     sent: dict[str, int | None] = {}
@@ -214,9 +203,11 @@ def route_headers(cls: str | None, tier: str | None, reason: str | None) -> dict
     return {key: _header(value) for key, value in headers.items() if value}
 
 
-def requested_max_tokens(body: Mapping[str, Any], path: str) -> tuple[str, int | None]:
+def requested_max_tokens(body: Mapping[str, Any], kind: Kind) -> tuple[str, int | None]:
     """The completion-length field the client used and its value (None: not given)."""
-    field = "max_completion_tokens" if path == CHAT and "max_completion_tokens" in body else None
+    field = (
+        "max_completion_tokens" if kind is Kind.CHAT and "max_completion_tokens" in body else None
+    )
     field = field or "max_tokens"
     value = body.get(field)
     if value is None:
@@ -234,7 +225,7 @@ def _no_chain(
     statuses: Mapping[str, TierStatus],
     policy: RoutingPolicy,
     reason: str,
-    path: str,
+    kind: Kind,
 ) -> APIError:
     if decision.error == CONTEXT_LENGTH_EXCEEDED:
         longest = max((s.max_model_len for s in statuses.values()), default=0)
@@ -248,7 +239,7 @@ def _no_chain(
                 code=CONTEXT_LENGTH_EXCEEDED,
                 headers=route_headers(request.cls, None, reason),
             )
-        return _too_long(limit.message, request.cls, reason, path)
+        return _too_long(limit.message, request.cls, reason, kind)
     if decision.error == UNKNOWN_TIER:
         return APIError(
             400,
@@ -266,8 +257,8 @@ def _no_chain(
     )
 
 
-def _too_long(message: str, cls: str, reason: str, path: str) -> APIError:
-    param = "messages" if path == CHAT else "prompt"
+def _too_long(message: str, cls: str, reason: str, kind: Kind) -> APIError:
+    param = "messages" if kind is Kind.CHAT else "prompt"
     return APIError(
         400,
         message,
@@ -276,10 +267,6 @@ def _too_long(message: str, cls: str, reason: str, path: str) -> APIError:
         code=CONTEXT_LENGTH_EXCEEDED,
         headers=route_headers(cls, None, reason),
     )
-
-
-def _invalid(message: str, param: str) -> APIError:
-    return APIError(400, message, INVALID_REQUEST, param=param, code="invalid_value")
 
 
 def _header(text: str) -> str:

@@ -24,8 +24,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from gateway.policy.schema import LimitsPolicy
-from gateway.request.classify import content_texts
-from gateway.request.prompt_text import role_text
+from gateway.request.prompt_text import content_texts, role_text
 
 
 def byte_level(tokenizer: Tokenizer) -> bool:

@@ -14,9 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from gateway.errors import INVALID_REQUEST, APIError
+from gateway.request.kind import Kind
 from gateway.request.prompt_bound import message_texts
-
-CHAT = "/v1/chat/completions"
 
 
 class PromptCounter(Protocol):
@@ -62,12 +61,12 @@ class ByteCounter:
 
 
 def count_prompt(
-    body: Mapping[str, Any], path: str, counter: PromptCounter, limit: int | None = None
+    body: Mapping[str, Any], kind: Kind, counter: PromptCounter, limit: int | None = None
 ) -> int:
     """Prompt tokens of a chat or completions body (the longest prompt of a list; a chat's
     ``tools`` counted as their JSON); 400 for a malformed prompt. With ``limit``: exact up to
     it, some number above it past it."""
-    if path == CHAT:
+    if kind is Kind.CHAT:
         messages = _checked_messages(body)
         tokens = counter.count_chat(messages, limit=limit)
         tools = _tools_json(body)
@@ -88,10 +87,10 @@ def count_prompt(
     raise _bad_prompt()
 
 
-def bound_prompt(body: Mapping[str, Any], path: str, counter: PromptCounter) -> int | None:
+def bound_prompt(body: Mapping[str, Any], kind: Kind, counter: PromptCounter) -> int | None:
     """At least what ``count_prompt`` finds, without tokenizing (gateway/request/
     prompt_bound.py); ``None`` when there is no such bound (then count). 400 as it does."""
-    if path == CHAT:
+    if kind is Kind.CHAT:
         bound = counter.bound_chat(_checked_messages(body))
         tools = _tools_json(body)
         if bound is None or tools is None:

@@ -98,11 +98,6 @@ def sigmoid(logit: float) -> float:
     return e / (1.0 + e)
 
 
-def logit_of(probability: float) -> float:
-    probability = min(max(probability, 1e-12), 1 - 1e-12)
-    return math.log(probability / (1 - probability))
-
-
 @dataclass(frozen=True, slots=True)
 class TextScore:
     """The model's view of one text: the log-odds of precise (against tolerant), and what is

@@ -103,31 +103,6 @@ def _gather(items: Sequence[object], start: int, head: int, tail: int) -> str:
     return "\n\n".join([*front, *gap, *reversed(back)])
 
 
-def request_text(body: Mapping[str, Any]) -> str:
-    """The text to classify: chat ``messages`` contents or the completions ``prompt``.
-
-    Chat: every message's ``content`` (a string, or a list of parts whose text parts count:
-    ``content_texts``) and a role no template knows, joined by blank lines. Completions: the
-    prompt string, or a list of strings joined by blank lines; token-id prompts have no text
-    and give ``""``.
-    """
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        return "\n\n".join(
-            text
-            for message in messages
-            if isinstance(message, Mapping)
-            for text in (role_text(message), *content_texts(message.get("content")))
-            if text
-        )
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list):
-        return "\n\n".join(p for p in prompt if isinstance(p, str))
-    return ""
-
-
 def content_texts(content: object) -> list[str]:
     """The text pieces of one message's ``content``, as vLLM's chat renderer reads them
     (vllm/renderers/chat_utils.py, 0.32: ``MM_PARSER_MAP``): a string, or a list of parts

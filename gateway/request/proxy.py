@@ -29,19 +29,13 @@ from gateway.errors import DETAIL, FULL_DETAIL, SERVER_ERROR, APIError, full_det
 from gateway.policy.schema import RoutingPolicy
 from gateway.request.answer_usage import MalformedAnswer, answer_usage
 from gateway.request.assemble import as_stream, assemblable
-from gateway.request.body import (
-    MAX_JSON_DEPTH,
-    check_model,
-    nested_deeper_than,
-    parse_json_object,
-    read_body,
-    wants_stream,
-)
+from gateway.request.body import check_model, parse_json_object, read_body, wants_stream
 from gateway.request.chain import NO_SERVER, Asked, open_chain
 from gateway.request.continuation import unresumable
 from gateway.request.endpoint_choice import Saturation, endpoint_id, session_key
 from gateway.request.exchange import Exchange
 from gateway.request.fields import screen_fields
+from gateway.request.kind import Kind
 from gateway.request.plan import assess, plan_route, route_headers
 from gateway.request.prompt_count import count_prompt
 from gateway.request.relay import UpstreamStreamingResponse, unless_client_leaves, whole_response
@@ -54,14 +48,6 @@ from gateway.telemetry import inject_trace_headers
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "MAX_JSON_DEPTH",
-    "UpstreamStreamingResponse",
-    "check_model",
-    "nested_deeper_than",
-    "parse_json_object",
-    "wants_stream",
-]
 TIER_HEADER = "x-route-tier"
 ENDPOINT_HEADER = "x-route-endpoint"  # which endpoint of the tier's pool answered
 ATTR_ENDPOINT = "gateway.route.endpoint"
@@ -75,7 +61,7 @@ def note_detail(request: Request, runtime: Runtime) -> bool:
     return full_detail(request)
 
 
-async def _relay_completion(request: Request, path: str) -> Response:
+async def _relay_completion(request: Request, kind: Kind) -> Response:
     runtime = get_runtime(request)
     config = runtime.config
     note_detail(request, runtime)
@@ -86,7 +72,7 @@ async def _relay_completion(request: Request, path: str) -> Response:
         runtime.tracer,
         runtime.metrics,
         runtime.shared,
-        path,
+        kind.path,
         log=runtime.request_log,
         span=server_span if server_span.get_span_context().is_valid else None,
     )
@@ -97,7 +83,7 @@ async def _relay_completion(request: Request, path: str) -> Response:
             body = check_model(parse_json_object(raw, config.max_body_values), config.model_name)
             policy = runtime.policies.active.policy
             key_digest = request.scope.get("state", {}).get(KEY_DIGEST)
-            screen_fields(body, path, policy.fields, policy.limits, key_digest)
+            screen_fields(body, kind, policy.fields, policy.limits, key_digest)
             if not runtime.admission.enter():
                 limit = runtime.admission.limit
                 raise APIError(
@@ -109,14 +95,14 @@ async def _relay_completion(request: Request, path: str) -> Response:
                     public="the gateway is at capacity; retry shortly",
                 )
             exchange.on_finish = runtime.admission.leave
-            answer, shadow = await _completion(request, body, path, runtime, exchange)
+            answer, shadow = await _completion(request, body, kind, runtime, exchange)
     if shadow is not None:  # once the exchange is finished (a whole answer) or owned by its stream
         offer_shadow(runtime, shadow)
     return answer
 
 
 async def _completion(
-    request: Request, body: dict[str, Any], path: str, runtime: Runtime, exchange: Exchange
+    request: Request, body: dict[str, Any], kind: Kind, runtime: Runtime, exchange: Exchange
 ) -> tuple[Response, ShadowJob | None]:
     """The answer, and the job to offer to shadow sampling when a tier answered 200."""
     config = runtime.config
@@ -124,12 +110,12 @@ async def _completion(
     # Classifying and planning are pure computation: span attributes, not spans of their own.
     contexts = [(tier.name, tier.max_model_len) for tier in config.tiers]
     longest = max(length for _, length in contexts)
-    found = assess(body, path, active.policy, active.rules, runtime.counter,
+    found = assess(body, kind, active.policy, active.rules, runtime.counter,
                    context_limit=longest, tiers=contexts)  # fmt: skip
     exchange.cls, exchange.reason = found.cls, found.reason
     exchange.input_tokens = found.input_tokens
     if not found.counted:  # planned on a bound: the exact count once the answer is out
-        exchange.count_input = partial(count_prompt, body, path, runtime.counter, longest - 1)
+        exchange.count_input = partial(count_prompt, body, kind, runtime.counter, longest - 1)
     exchange.p_precise = found.p_precise
     # The rate limit took one unit at the door (gateway/auth.py): the rest of what it costs.
     charge = getattr(request.state, "rate_charge", None)
@@ -138,7 +124,7 @@ async def _completion(
     full = full_detail(request)
     pinned = request.headers.get(active.policy.pinning.header)
     limits = saturation_limits(active.policy)
-    plan = plan_route(found, active.policy, runtime.board.statuses(limits), pinned, path)
+    plan = plan_route(found, active.policy, runtime.board.statuses(limits), pinned, kind)
     exchange.reason = plan.reason
     session = session_key(request.headers, body)
     tiers = [runtime.board.endpoint_chain(name, session, limits) for name in plan.chain]
@@ -150,13 +136,13 @@ async def _completion(
     # A whole answer asked as a stream (failover.whole_answers: continue) is assembled by the
     # gateway, and continued on the next tier when its own fails midway, as a stream is.
     assembling = (
-        active.policy.failover.assembles and not wants_stream(body) and assemblable(body, path)
+        active.policy.failover.assembles and not wants_stream(body) and assemblable(body, kind)
     )
     upstream_body = as_stream(body) if assembling else body
     # A stream that can be continued asks its tier for usage, which ends the answer with the
     # prompt's tokens as the tier counted them: nothing to count after it (stream_usage.py).
     usage_asked = True
-    if not assembling and wants_stream(body) and unresumable(body, path) is None:
+    if not assembling and wants_stream(body) and unresumable(body, kind) is None:
         with_usage = asking_usage(body)
         if with_usage is not None:
             upstream_body, usage_asked = with_usage, False
@@ -167,7 +153,7 @@ async def _completion(
     first_byte = active.policy.timeouts.first_byte_seconds if streamed else float("inf")
 
     asked = Asked(
-        path, headers, lambda name: plan.body_for(name, upstream_body), plan.max_tokens_field,
+        kind, headers, lambda name: plan.body_for(name, upstream_body), plan.max_tokens_field,
         config.model_name, plan.cls, first_byte,
     )  # fmt: skip
 
@@ -186,7 +172,7 @@ async def _completion(
         link = exchange.span.get_span_context()  # shadow comparisons link to the request
         shadow = ShadowJob(
             tier.name,
-            path,
+            kind.path,
             plan.body_for(tier.name, body),
             plan.max_tokens_field,
             None,
@@ -201,7 +187,7 @@ async def _completion(
             )  # fmt: skip
             if assembling:  # a whole answer: one tier's alone is offered to shadow sampling
                 raw, answer = await assembled_answer(
-                    runtime.upstream, tier, response, resumer, answer_headers, exchange, full, path
+                    runtime.upstream, tier, response, resumer, answer_headers, exchange, full, kind
                 )
                 return answer, dataclasses.replace(shadow, answer=raw) if raw else None
             # From here on the streaming response owns the upstream and finishes the exchange;
@@ -234,7 +220,7 @@ async def _completion(
 
     outcome = await unless_client_leaves(request, exchange_with_tiers)
     if outcome is None:
-        logger.info("client left %s before the answer; upstream request closed", path)
+        logger.info("client left %s before the answer; upstream request closed", kind.path)
         exchange.set_outcome(499)
         return Response(status_code=499), None  # nobody is listening any more
     return outcome
@@ -300,12 +286,12 @@ def offer_shadow(runtime: Runtime, job: ShadowJob) -> None:
 
 async def chat_completions(request: Request) -> Response:
     """``POST /v1/chat/completions``."""
-    return await _relay_completion(request, "/v1/chat/completions")
+    return await _relay_completion(request, Kind.CHAT)
 
 
 async def completions(request: Request) -> Response:
     """``POST /v1/completions``."""
-    return await _relay_completion(request, "/v1/completions")
+    return await _relay_completion(request, Kind.COMPLETIONS)
 
 
 async def list_models(request: Request) -> Response:

@@ -33,7 +33,7 @@ from gateway.request.continuation import (
     split_error,
 )
 from gateway.request.exchange import SSECounter
-from gateway.request.prompt_count import CHAT
+from gateway.request.kind import Kind
 from gateway.request.sse_buffer import EventBuffer, event_too_large
 from gateway.request.stream_watch import Degenerated, StreamWatch
 from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly
@@ -56,7 +56,7 @@ async def relay_resumable(
 ) -> AsyncGenerator[bytes, None]:
     """Yield the answer's complete events, continuing it on another tier when its own fails
     (see the module docstring)."""
-    sent = SentEvents(resumer.asked.path == CHAT)  # what the client was sent
+    sent = SentEvents(resumer.asked.kind is Kind.CHAT)  # what the client was sent
     rewrite: Callable[[bytes], bytes] | None = None
     preface = b""  # what goes before a continuation's events (the SSE comment saying so)
     while True:

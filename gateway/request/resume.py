@@ -34,7 +34,8 @@ from gateway.request.continuation import (
     used_up,
 )
 from gateway.request.exchange import Exchange
-from gateway.request.prompt_count import CHAT, ByteCounter, PromptCounter
+from gateway.request.kind import Kind
+from gateway.request.prompt_count import ByteCounter, PromptCounter
 from gateway.request.stream_watch import Degenerated, StreamWatch
 from gateway.request.upstream import Upstream, aclose_quietly
 
@@ -90,7 +91,7 @@ class Resumer:
                 escalation.loop.check() if escalation.loop else None,
                 escalation.scripts.check() if escalation.scripts else None,
                 escalation.holdback_chars,
-                asked.path == CHAT,
+                asked.kind is Kind.CHAT,
                 escalation.logprobs.check() if escalation.logprobs else None,
             )
 
@@ -114,7 +115,7 @@ class Resumer:
         """The stream's continuation after ``failed`` broke off with ``error``; None when it
         cannot go on (the relay then ends it with the error event, as before)."""
         asked = self.asked
-        chat = asked.path == CHAT
+        chat = asked.kind is Kind.CHAT
         sent = sent_events.read()
         self.resumed = True
         if sent.why_not is not None:
@@ -140,7 +141,7 @@ class Resumer:
 
         def body(name: str) -> dict[str, Any]:
             return continuation_body(
-                asked.body_for(name), asked.path, sent, budget_cut, asked.max_tokens_field
+                asked.body_for(name), asked.kind, sent, budget_cut, asked.max_tokens_field
             )
 
         while any(rest):
@@ -198,6 +199,6 @@ def stream_resumer(
 ) -> Resumer | None:
     """The resumer of a streamed request (``body`` as the client sent it, asked as a stream),
     or None when its answer could not be continued."""
-    if unresumable(body, asked.path) is not None:
+    if unresumable(body, asked.kind) is not None:
         return None
     return Resumer(upstream, chain, asked, exchange, counter, escalation, on_watched)

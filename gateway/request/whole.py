@@ -14,7 +14,7 @@ from gateway.config import TierEndpoint
 from gateway.request.answer_usage import MalformedAnswer, answer_usage
 from gateway.request.assemble import Assembler
 from gateway.request.exchange import Exchange, SSECounter
-from gateway.request.prompt_count import CHAT
+from gateway.request.kind import Kind
 from gateway.request.relay import WholeAnswer, relay_sse
 from gateway.request.resumable import relay_resumable
 from gateway.request.resume import Resumer
@@ -31,12 +31,12 @@ async def assembled_answer(
     headers: Mapping[str, str],
     exchange: Exchange,
     full: bool,
-    path: str,
+    kind: Kind,
 ) -> tuple[bytes | None, WholeAnswer]:
     """The whole answer (which finishes ``exchange`` once sent), and its body when one tier
     wrote all of it (for shadow sampling: an answer continued elsewhere is not that tier's);
     None for an error or a continued answer. Without a ``resumer`` it is not continued."""
-    counter, assembler = SSECounter(), Assembler(path == CHAT)
+    counter, assembler = SSECounter(), Assembler(kind is Kind.CHAT)
     if resumer is not None:
         relay = relay_resumable(upstream, tier, response, counter, None, full, resumer)
     else:

@@ -1,6 +1,6 @@
 """The shared state's in-process half (gateway/shared/state.py): the same semantics as Redis,
 for this replica only — in-flight counts, per-second request buckets, sliding-window rate
-limits, the tier-health cache, values and lists."""
+limits, values and lists."""
 
 from __future__ import annotations
 
@@ -32,8 +32,6 @@ class LocalState:
     # key id -> (its window's length, the times of its units), least recently used first
     windows: dict[str, tuple[float, deque[float]]] = field(default_factory=dict)
     swept_at: float = float("-inf")
-    health: dict[str, str] = field(default_factory=dict)
-    health_until: float = 0.0
     values: dict[str, tuple[str, float]] = field(default_factory=dict)  # name -> (value, until)
     lists: dict[str, list[str]] = field(default_factory=dict)
 

@@ -1,7 +1,7 @@
 """State shared by gateway replicas through one Redis, with an in-process fallback.
 
-``SharedState`` keeps per-tier in-flight counts, per-second request counts, per-key rate limits
-and a short-lived cache of tier health. Contract:
+``SharedState`` keeps per-tier in-flight counts, per-second request counts and per-key rate
+limits. Contract:
 
 - No method raises because of Redis (only ``ValueError`` for bad arguments). A Redis operation
   takes at most ``op_timeout`` (socket timeouts, ``asyncio.wait_for``, no redis-py retries). On
@@ -29,21 +29,19 @@ and a short-lived cache of tier health. Contract:
   Times come from ``clock`` (replicas need synchronised clocks); locally, per replica, with
   memory bounded: empty windows are dropped and at most a bounded number kept
   (gateway/shared/local.py).
-- Tier health: one JSON string with a Redis expiry (locally: an expiry on ``clock``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlparse
@@ -78,14 +76,6 @@ def _to_int(value: Any) -> int:
 
 async def _sum_ints(values: Awaitable[list[Any]]) -> int:
     return sum(_to_int(v) for v in await values)
-
-
-def _parse_health(raw: Any) -> dict[str, str]:
-    with contextlib.suppress(TypeError, ValueError):
-        data = json.loads(raw)
-        if isinstance(data, dict):
-            return {str(k): str(v) for k, v in data.items()}
-    return {}
 
 
 class SharedState:
@@ -317,7 +307,7 @@ class SharedState:
             total = sum(self._local.buckets.get(s, 0) for s in seconds)
         return total / window
 
-    # ------------------------------------------------------------------ rate limits and health
+    # ------------------------------------------------------------------ rate limits
 
     async def rate_limit(
         self, key_id: str, limit: int, per: float, *, cost: int = 1
@@ -339,22 +329,3 @@ class SharedState:
             return self._local.rate_limit(key_id, limit, per, now, cost)
         allowed, retry_after, remaining = raw
         return RateDecision(bool(int(allowed)), max(0.0, float(retry_after)), int(remaining))
-
-    async def put_tier_health(self, health: Mapping[str, str], ttl: float = 10.0) -> None:
-        """Cache ``tier -> state`` for ``ttl`` seconds (for every replica)."""
-        self._local.health = dict(health)
-        self._local.health_until = self._clock() + ttl
-        payload = json.dumps(self._local.health, sort_keys=True)
-        ttl_ms = max(1, int(ttl * 1000))
-        await self._run(lambda c: c.client.set(self._key("health"), payload, px=ttl_ms))
-
-    async def tier_health(self) -> dict[str, str]:
-        """The cached tier health; empty when expired or unknown."""
-        cached = await self._run(self._get_health)
-        if cached is not None:
-            return cached
-        local = self._local
-        return dict(local.health) if self._clock() < local.health_until else {}
-
-    async def _get_health(self, conn: _Conn) -> dict[str, str]:
-        return _parse_health(await conn.client.get(self._key("health")))

@@ -1,6 +1,9 @@
 """Every repo path named in code and docs exists (a docstring or page naming a moved file misleads
-the next reader): ``gateway/request/relay.py``-style paths, bare file names of modules and
-``package/module.attr`` references, in every Python, Markdown and YAML file of the repo."""
+the next reader): ``gateway/request/relay.py``-style paths, bare file names of modules,
+``package/module.attr`` references, dotted module names (``gateway.request.relay``, and after
+``-m``, ``import`` or ``from``), and a name a text says a module defines (the module's file,
+``'s`` and the name in double backquotes: defined there, not only imported), in every Python,
+Markdown and YAML file of the repo."""
 
 from __future__ import annotations
 
@@ -14,6 +17,17 @@ TOPS = (
 )
 PATH = re.compile(rf"(?<![\w./-])((?:{TOPS})/[\w./-]*[\w/])")
 BARE = re.compile(r"(?<![\w./-])([A-Za-z_]\w*\.py)\b")
+PACKAGES = TOPS.split("|")[:-6]  # importable (not scripts nor the data folders)
+# gateway.request.relay (a package's module, then maybe a name: checked when the package's
+# second part is a module or package); any dotted name after -m, import or from.
+DOTTED = re.compile(
+    rf"(?:(?<=-m )|(?<=import )|(?<=from ))((?:{'|'.join(PACKAGES)})(?:\.\w+)+)"
+    rf"|(?<![\w./-])((?:{'|'.join(PACKAGES)})\.\w+\.\w+(?:\.\w+)*)(?![\w-])"
+)
+# gateway/request/plan.py's ``assess`` / plan.py ``assess``: a name said to be that module's.
+OWNED = re.compile(
+    rf"(?<![\w./-])((?:(?:{TOPS})/[\w/]*)?[A-Za-z_]\w*\.py)(?:'s)?\s+``([A-Za-z_]\w*)(?:\(\))?``"
+)
 # Files named that live outside this repo (in llama.cpp's source, in the sandbox a check
 # writes, in a dataset package), and the example strings of this test and the link test.
 ELSEWHERE = {
@@ -46,8 +60,34 @@ def _exists(named: str) -> bool:
     return bool(dot) and (ROOT / f"{stem}.py").exists()
 
 
-def named_paths(text: str, basenames: set[str]) -> list[str]:
-    """The names in ``text`` that point at nothing in the repo."""
+def _defines(module: Path, name: str, *, imported: bool = False) -> bool:
+    """Whether ``module`` defines ``name`` (a def, class or assignment; an import only when
+    ``imported``: a dotted name may be a test's monkeypatch target)."""
+    text = module.read_text(encoding="utf-8", errors="replace")
+    if imported and re.search(rf"^(?:from \S+ )?import [^\n]*\b{name}\b", text, re.M):
+        return True
+    found = (
+        rf"^\s*(?:async\s+def|def|class)\s+{name}\b|^\s*{name}\s*[:=(]|^[\w, ]*\b{name}\b[\w, ]*="
+    )
+    return re.search(found, text, re.M) is not None
+
+
+def _dotted_exists(named: str) -> bool:
+    """A dotted module name: its longest module prefix exists and defines what follows it."""
+    parts = named.split(".")
+    for n in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:n])
+        module = base.with_suffix(".py") if base.with_suffix(".py").is_file() else None
+        module = module or (base / "__init__.py" if (base / "__init__.py").is_file() else None)
+        if module is not None or base.is_dir():
+            rest = parts[n:]
+            return not rest or (module is not None and _defines(module, rest[0], imported=True))
+    return False
+
+
+def named_paths(text: str, basenames: dict[str, list[Path]]) -> list[str]:
+    """The names in ``text`` that point at nothing in the repo (``basenames``: the repo's
+    Python files by file name)."""
     missing = []
     for match in PATH.finditer(text):
         named = match.group(1).rstrip("/.")
@@ -56,12 +96,27 @@ def named_paths(text: str, basenames: set[str]) -> list[str]:
     for match in BARE.finditer(text):
         if match.group(1) not in basenames and match.group(1) not in ELSEWHERE:
             missing.append(match.group(1))
+    for match in DOTTED.finditer(text):
+        named = match.group(1) or match.group(2)
+        package = ROOT.joinpath(*named.split(".")[:2])  # gateway.route.tier: a span attribute
+        claimed = match.group(1) or package.is_dir() or package.with_suffix(".py").is_file()
+        if claimed and not _dotted_exists(named):
+            missing.append(named)
+    for match in OWNED.finditer(text):
+        named, name = match.groups()
+        modules = [ROOT / named] if "/" in named else basenames.get(named, [])
+        modules = [m for m in modules if m.is_file()]
+        if modules and not any(_defines(m, name) for m in modules):
+            missing.append(f"{named}'s {name}")
     return missing
 
 
 def test_every_named_path_exists() -> None:
     files = _files()
-    basenames = {p.name for p in files if p.suffix == ".py"}
+    basenames: dict[str, list[Path]] = {}
+    for p in files:
+        if p.suffix == ".py":
+            basenames.setdefault(p.name, []).append(p)
     missing = [
         f"{f.relative_to(ROOT)}: {name}"
         for f in files
@@ -73,4 +128,23 @@ def test_every_named_path_exists() -> None:
 def test_the_check_sees_moved_files() -> None:
     moved, gone = "gateway" + "/relay.py", "relay_old" + ".py"  # split: this file is scanned too
     text = f"see {moved}, {gone}, gateway/request/relay.py and measure/admission.x"
-    assert named_paths(text, {"relay.py"}) == [moved, gone]
+    assert named_paths(text, {"relay.py": []}) == [moved, gone]
+
+
+def test_the_check_sees_moved_modules_and_misplaced_names() -> None:
+    relay = ROOT / "gateway" / "request" / "relay.py"
+    old, old_too = "gateway." + "relay", "gateway.request." + "relay_old"  # split: scanned too
+    misplaced = "gateway/request/relay.py" + "'s ``count_prompt``"
+    text = (
+        f"python -m {old}; import {old}; {old_too}; gateway.request.relay; "
+        "gateway.request.relay.relay_sse; gateway.route.tier (a span attribute); "
+        "gateway/request/relay.py's ``relay_sse``; relay.py ``relay_sse``; "
+        f"{misplaced}"
+    )
+    missing = named_paths(text, {"relay.py": [relay]})
+    assert missing == [
+        old,
+        old,
+        old_too,
+        "gateway/request/relay.py's count_prompt",
+    ]

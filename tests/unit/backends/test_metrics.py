@@ -8,7 +8,6 @@ from backends.metrics import (
     TierMetrics,
     delta,
     parse_metrics,
-    prefix_hit_rate,
 )
 
 DATA = Path(__file__).parent / "data"
@@ -158,12 +157,12 @@ def test_delta_and_hit_rate_between_real_scrapes() -> None:
     assert not d.restarted
     assert (d.prefix_cache_queries, d.prefix_cache_hits, d.requests_finished) == (811, 512, 5)
     assert d.ttft_mean == pytest.approx(7.716903924942017 / 5)
-    assert prefix_hit_rate(fresh, idle) == pytest.approx(512 / 811)
+    assert delta(fresh, idle).hit_rate == pytest.approx(512 / 811)
 
 
 def test_no_queries_gives_no_hit_rate() -> None:
     idle = parse_metrics(_fixture("cpu-idle"))
-    assert prefix_hit_rate(idle, parse_metrics(_fixture("cpu-after_reset"))) is None
+    assert delta(idle, parse_metrics(_fixture("cpu-after_reset"))).hit_rate is None
     assert delta(idle, idle).ttft_mean is None
 
 
@@ -173,7 +172,7 @@ def test_counters_going_down_mean_a_restart() -> None:
     d = delta(idle, restarted)
     assert d.restarted
     assert (d.prefix_cache_queries, d.prefix_cache_hits) == (10.0, 4.0)
-    assert prefix_hit_rate(idle, restarted) == pytest.approx(0.4)
+    assert delta(idle, restarted).hit_rate == pytest.approx(0.4)
 
 
 def test_ttft_buckets_are_parsed_and_summed_across_engines() -> None:

@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 from gateway.request.assemble import Assembled, Assembler, as_stream, assemblable
-from gateway.request.prompt_count import CHAT
+from gateway.request.kind import Kind
 
-COMPLETIONS = "/v1/completions"
+CHAT, COMPLETIONS = Kind.CHAT, Kind.COMPLETIONS
 
 
 def assemble(events: bytes, chat: bool, failure: int | None = None) -> Assembled:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 from typing import Any
 
 import httpx
@@ -13,7 +14,19 @@ import pytest
 
 from gateway.config import GatewayConfig, TierEndpoint
 from gateway.errors import APIError
-from gateway.request.body import parse_json_object, values_over
+from gateway.request.body import check_shape, parse_json_object
+
+
+def values_over(raw: bytes, limit: int) -> int | None:
+    """How many JSON values ``check_shape`` finds in ``raw`` when over ``limit``; else None."""
+    try:
+        check_shape(raw, len(raw) + 1, limit)  # a depth no body reaches: values only
+    except APIError as refused:
+        found = re.search(r"holds ([\d,]+) JSON values", refused.message)
+        assert found is not None, refused.message
+        return int(found[1].replace(",", ""))
+    return None
+
 
 CHAT = b'{"messages": [{"role": "user", "content": "hi"}]%s}'
 

@@ -1,18 +1,15 @@
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gateway.policy.schema import ClassesPolicy, parse_policy
-from gateway.request.classify import (
-    CODE,
-    LONG,
-    MATH,
-    TOLERANT,
-    CompiledClasses,
-    classify,
-    count_numbers,
-    request_text,
-)
+from common.class_categories import CODE, LONG, MATH, TOLERANT
+from gateway.policy.classes import ClassesPolicy
+from gateway.policy.schema import parse_policy
+from gateway.request.classification import Classification
+from gateway.request.classify import CompiledClasses, classify_request
+from gateway.request.keyword_rules import count_numbers
+from gateway.request.prompt_text import read_texts, request_parts
 
 ROOT = Path(__file__).resolve().parents[4]
 ROUTES = """\
@@ -20,6 +17,14 @@ tiers: [fp16]
 routes: {tolerant: [fp16], code: [fp16], math: [fp16], long: [fp16]}
 """
 KEYWORD_RULES = ROOT / "policies" / "classes-keyword-rules.yaml"
+
+
+def classify(
+    text: str, token_count: int, policy: ClassesPolicy | CompiledClasses
+) -> Classification:
+    """The class the gateway gives a completions request of ``text`` (one prompt)."""
+    rules = policy if isinstance(policy, CompiledClasses) else CompiledClasses.build(policy)
+    return classify_request({"prompt": text}, token_count, rules)
 
 
 def _classes(yaml_classes: str) -> ClassesPolicy:
@@ -190,9 +195,9 @@ def test_number_density() -> None:
 
 
 def test_count_numbers() -> None:
-    assert count_numbers("") == 0
-    assert count_numbers("4.5 and 1,000 and 7") == 3
-    assert count_numbers("the end 5.") == 1
+    assert count_numbers(b"") == 0
+    assert count_numbers(b"4.5 and 1,000 and 7") == 3
+    assert count_numbers(b"the end 5.") == 1
 
 
 def test_when_both_classes_win_the_higher_score_wins() -> None:
@@ -239,7 +244,12 @@ def test_an_empty_text_is_tolerant() -> None:
 # --------------------------------------------------------------------------- request text
 
 
-def test_request_text_of_chat_messages() -> None:
+def _texts_read(body: dict[str, Any]) -> list[str]:
+    """The texts the classifier reads of ``body``, within bounds no test body reaches."""
+    return read_texts(request_parts(body), 8, 8, 10**6, 10**6)
+
+
+def test_the_texts_read_of_chat_messages() -> None:
     body = {
         "messages": [
             {"role": "system", "content": "Be brief."},
@@ -255,12 +265,12 @@ def test_request_text_of_chat_messages() -> None:
             "not a message",
         ]
     }
-    assert request_text(body) == "Be brief.\n\nLook:\n\nwhat is it?"
+    assert _texts_read(body) == ["Be brief.", "Look:\n\nwhat is it?"]
 
 
-def test_request_text_of_completions() -> None:
-    assert request_text({"prompt": "Once upon a time"}) == "Once upon a time"
-    assert request_text({"prompt": ["a", "b"]}) == "a\n\nb"
-    assert request_text({"prompt": [1, 2, 3]}) == ""
-    assert request_text({"prompt": [[1, 2]]}) == ""
-    assert request_text({}) == ""
+def test_the_texts_read_of_completions() -> None:
+    assert _texts_read({"prompt": "Once upon a time"}) == ["Once upon a time"]
+    assert _texts_read({"prompt": ["a", "b"]}) == ["a", "b"]
+    assert _texts_read({"prompt": [1, 2, 3]}) == []
+    assert _texts_read({"prompt": [[1, 2]]}) == []
+    assert _texts_read({}) == []

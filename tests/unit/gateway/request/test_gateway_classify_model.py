@@ -13,16 +13,10 @@ from typing import Any
 
 import pytest
 
+from common.class_categories import CODE, LONG, MATH, TOLERANT
 from gateway.policy.schema import PolicyError, load_policy, parse_policy
-from gateway.request.classify import (
-    CODE,
-    LONG,
-    MATH,
-    TOLERANT,
-    CompiledClasses,
-    classify_request,
-    request_parts,
-)
+from gateway.request.classify import CompiledClasses, classify_request
+from gateway.request.prompt_text import request_parts
 
 ROOT = Path(__file__).resolve().parents[4]
 POLICY = ROOT / "policies" / "routing.yaml"

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from gateway.request.continuation import (
-    CHAT,
     DONE,
     Rewriter,
     Sent,
@@ -22,8 +21,9 @@ from gateway.request.continuation import (
     unresumable,
     used_up,
 )
+from gateway.request.kind import Kind
 
-COMPLETIONS = "/v1/completions"
+CHAT, COMPLETIONS = Kind.CHAT, Kind.COMPLETIONS
 
 
 def event(payload: Any) -> bytes:

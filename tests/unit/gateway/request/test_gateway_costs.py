@@ -10,16 +10,17 @@ import pytest
 from gateway.errors import APIError
 from gateway.policy.schema import LimitsPolicy
 from gateway.request.costs import request_cost
+from gateway.request.kind import Kind
 
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
+CHAT = Kind.CHAT
+COMPLETIONS = Kind.COMPLETIONS
 LIMITS = LimitsPolicy()  # the defaults
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
 
-def _refused(body: dict[str, Any], path: str = CHAT, limits: LimitsPolicy = LIMITS) -> APIError:
+def _refused(body: dict[str, Any], kind: Kind = CHAT, limits: LimitsPolicy = LIMITS) -> APIError:
     with pytest.raises(APIError) as caught:
-        request_cost(body, path, limits)
+        request_cost(body, kind, limits)
     assert caught.value.status == 400
     assert caught.value.type == "invalid_request_error"
     assert "\n" not in caught.value.message
@@ -47,7 +48,7 @@ def test_the_cost_is_the_sequences_generated() -> None:
 
 
 @pytest.mark.parametrize(
-    ("body", "path", "param", "code"),
+    ("body", "kind", "param", "code"),
     [
         ({"stream": 1}, CHAT, "stream", "invalid_type"),
         ({"stream": "true"}, COMPLETIONS, "stream", "invalid_type"),
@@ -76,10 +77,10 @@ def test_the_cost_is_the_sequences_generated() -> None:
     ],
 )
 def test_fields_past_their_limits_are_refused_naming_the_field(
-    body: dict[str, Any], path: str, param: str, code: str
+    body: dict[str, Any], kind: Kind, param: str, code: str
 ) -> None:
-    base = {"messages": MESSAGES} if path == CHAT else {"prompt": "x"}
-    error = _refused({**base, **body}, path)
+    base = {"messages": MESSAGES} if kind is CHAT else {"prompt": "x"}
+    error = _refused({**base, **body}, kind)
     assert (error.param, error.code) == (param, code)
 
 

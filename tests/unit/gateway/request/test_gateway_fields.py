@@ -13,17 +13,17 @@ from gateway.errors import APIError
 from gateway.policy.fields import FieldsPolicy
 from gateway.policy.schema import LimitsPolicy, parse_policy
 from gateway.request.fields import key_salt, screen_fields
+from gateway.request.kind import Kind
 from model_optimizer.envs import ROOT
 
-CHAT_PATH, COMPLETIONS_PATH = "/v1/chat/completions", "/v1/completions"
 MESSAGES = [{"role": "user", "content": "Hi"}]
 LIMITS = LimitsPolicy()  # max_logprobs 20
 DIGEST_A, DIGEST_B = hash_key("sk-a"), hash_key("sk-b")
 
 
 def _screen(body: dict[str, Any], fields: FieldsPolicy | None = None, **kw: Any) -> dict[str, Any]:
-    path = kw.pop("path", CHAT_PATH)
-    screen_fields(body, path, fields or FieldsPolicy(), LIMITS, kw.pop("digest", None))
+    kind = kw.pop("kind", Kind.CHAT)
+    screen_fields(body, kind, fields or FieldsPolicy(), LIMITS, kw.pop("digest", None))
     return body
 
 
@@ -43,7 +43,7 @@ def test_openai_fields_and_vllm_sampling_extensions_pass() -> None:
     }  # fmt: skip
     assert _screen(dict(body)) == body
     completion = {"prompt": "Hi", "best_of": 2, "echo": False, "suffix": "x", "top_k": 3}
-    assert _screen(dict(completion), path=COMPLETIONS_PATH) == completion
+    assert _screen(dict(completion), kind=Kind.COMPLETIONS) == completion
 
 
 def test_logprob_token_ids_are_bounded_by_max_logprobs() -> None:
@@ -51,7 +51,7 @@ def test_logprob_token_ids_are_bounded_by_max_logprobs() -> None:
     error = _refusal({"messages": MESSAGES, "logprob_token_ids": list(range(128))})
     assert error.param == "logprob_token_ids" and error.code == "invalid_value"
     assert "128" in error.message and "20" in error.message
-    wrong = _refusal({"prompt": "x", "logprob_token_ids": "1,2"}, path=COMPLETIONS_PATH)
+    wrong = _refusal({"prompt": "x", "logprob_token_ids": "1,2"}, kind=Kind.COMPLETIONS)
     assert wrong.param == "logprob_token_ids" and wrong.code == "invalid_type"
 
 
@@ -67,7 +67,7 @@ def test_extensions_reaching_past_the_request_are_refused_naming_the_field(field
 
 
 def test_prompt_embeds_are_refused_on_completions() -> None:
-    assert _refusal({"prompt": "", "prompt_embeds": "AAAA"}, path=COMPLETIONS_PATH).param == (
+    assert _refusal({"prompt": "", "prompt_embeds": "AAAA"}, kind=Kind.COMPLETIONS).param == (
         "prompt_embeds"
     )
 
@@ -96,7 +96,7 @@ def test_unknown_fields_are_dropped_as_vllm_ignores_them() -> None:
     body = _screen({"messages": MESSAGES, "guided_json": {}, "foo": 1, "id_slot": 0})
     assert body == {"messages": MESSAGES}
     # a chat-only extension is unknown to completions
-    assert _screen({"prompt": "x", "chat_template_kwargs": {}}, path=COMPLETIONS_PATH) == {
+    assert _screen({"prompt": "x", "chat_template_kwargs": {}}, kind=Kind.COMPLETIONS) == {
         "prompt": "x"
     }
 

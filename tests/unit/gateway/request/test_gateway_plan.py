@@ -1,4 +1,4 @@
-"""plan_request: counting, classification, limits and the chain with per-tier max_tokens."""
+"""assess and plan_route: counting, classification, limits, the chain with per-tier max_tokens."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import pytest
 from gateway.errors import APIError
 from gateway.policy.schema import RoutingPolicy, load_policy
 from gateway.request.classify import CompiledClasses
+from gateway.request.kind import Kind
 from gateway.request.limits import TokenCounter
 from gateway.request.plan import (
     Plan,
     assess,
-    plan_request,
+    plan_route,
     route_headers,
 )
 from gateway.request.prompt_count import ByteCounter, count_prompt
@@ -21,23 +22,22 @@ from gateway.request.router import TierStatus
 from model_optimizer.envs import ROOT
 from tests.unit.gateway.request.tier_statuses import tier_statuses
 
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
+CHAT = Kind.CHAT
+COMPLETIONS = Kind.COMPLETIONS
 SHIPPED = load_policy(ROOT / "policies" / "routing.yaml")
 RULES = CompiledClasses.build(SHIPPED.classes)
 
 
 def _plan(
     body: dict[str, Any],
-    path: str = CHAT,
+    kind: Kind = CHAT,
     policy: RoutingPolicy = SHIPPED,
     statuses: dict[str, TierStatus] | None = None,
     pinned: str | None = None,
 ) -> Plan:
     rules = RULES if policy is SHIPPED else CompiledClasses.build(policy.classes)
-    return plan_request(
-        body, path, policy, rules, ByteCounter(), statuses or tier_statuses(), pinned
-    )
+    found = assess(body, kind, policy, rules, ByteCounter())
+    return plan_route(found, policy, statuses or tier_statuses(), pinned, kind)
 
 
 def _chat(text: str, **extra: Any) -> dict[str, Any]:
@@ -221,7 +221,7 @@ def test_the_assessment_carries_the_models_probability() -> None:
 
 
 @pytest.mark.parametrize(
-    ("path", "body", "param"),
+    ("kind", "body", "param"),
     [
         (CHAT, _chat("word " * 200_000), "messages"),
         (COMPLETIONS, {"prompt": "word " * 200_000}, "prompt"),
@@ -229,7 +229,7 @@ def test_the_assessment_carries_the_models_probability() -> None:
     ],
 )
 def test_a_prompt_past_every_context_is_refused_after_bounded_counting(
-    path: str, body: dict[str, Any], param: str
+    kind: Kind, body: dict[str, Any], param: str
 ) -> None:
     counted: list[int | None] = []
 
@@ -243,7 +243,7 @@ def test_a_prompt_past_every_context_is_refused_after_bounded_counting(
             return super().count_chat(messages, limit=limit)
 
     with pytest.raises(APIError) as caught:
-        assess(body, path, SHIPPED, RULES, Counting(), context_limit=2048)
+        assess(body, kind, SHIPPED, RULES, Counting(), context_limit=2048)
     error = caught.value
     assert (error.status, error.code, error.param) == (400, "context_length_exceeded", param)
     # the shipped policy rejects past 1536 prompt tokens: that is the limit the client is told
@@ -254,7 +254,7 @@ def test_a_prompt_past_every_context_is_refused_after_bounded_counting(
         update={"limits": SHIPPED.limits.model_copy(update={"max_input_tokens": None})}
     )
     with pytest.raises(APIError) as caught:
-        assess(body, path, without, RULES, Counting(), context_limit=2048)
+        assess(body, kind, without, RULES, Counting(), context_limit=2048)
     assert "at least 2048 tokens" in caught.value.message
 
 

@@ -13,15 +13,16 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from gateway.errors import APIError
 from gateway.policy.schema import LimitsPolicy, load_policy
 from gateway.request.classify import CompiledClasses
+from gateway.request.kind import Kind
 from gateway.request.limits import TokenCounter, check_limits, check_prompt
 from gateway.request.plan import assess, plan_route
 from gateway.request.prompt_bound import bound_decides, byte_level
-from gateway.request.prompt_count import CHAT, bound_prompt, count_prompt
+from gateway.request.prompt_count import bound_prompt, count_prompt
 from model_optimizer.envs import ROOT
 from tests.shipped_fuzz import default_tokenizer_dir
 from tests.unit.gateway.request.tier_statuses import tier_statuses
 
-COMPLETIONS = "/v1/completions"
+CHAT, COMPLETIONS = Kind.CHAT, Kind.COMPLETIONS
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from gateway.request.prompt_count import ByteCounter
-from gateway.request.prompt_text import content_texts, request_parts, request_text
+from gateway.request.prompt_text import content_texts, request_parts
 from tests.shipped_fuzz import default_tokenizer_dir, shipped_gateway
 from tests.stub_tier import StubTier
 
@@ -46,7 +46,6 @@ def test_parts_vllm_does_not_render_as_text_are_not_read() -> None:
 def test_a_role_no_template_knows_is_read_as_the_clients_words() -> None:
     body = {"messages": [{"role": "customer", "content": [{"type": "input_text", "text": CODE}]}]}
     assert request_parts(body).turns == (f"customer\n\n{CODE}",)
-    assert request_text(body) == f"customer\n\n{CODE}"
     known = {"messages": [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]}
     assert request_parts(known).turns == ("y",)
 

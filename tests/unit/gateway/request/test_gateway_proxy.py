@@ -17,15 +17,15 @@ from starlette.types import Message
 
 from gateway.config import TierEndpoint
 from gateway.errors import APIError
-from gateway.request.proxy import (
+from gateway.request.body import (
     MAX_JSON_DEPTH,
-    UpstreamStreamingResponse,
     check_model,
-    nested_deeper_than,
-    offer_shadow,
+    check_shape,
     parse_json_object,
     wants_stream,
 )
+from gateway.request.proxy import offer_shadow
+from gateway.request.relay import UpstreamStreamingResponse
 from gateway.request.upstream import Upstream
 
 MODEL = "stub-model"  # what the stub tier serves (conftest.StubTier)
@@ -89,6 +89,15 @@ def test_parse_json_object_refuses_valid_json_nested_past_the_limit() -> None:
     assert f"more than {MAX_JSON_DEPTH} levels" in caught.value.message
     shallow = b'{"x": ' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1) + b"}"
     assert "x" in parse_json_object(shallow)
+
+
+def nested_deeper_than(raw: bytes, limit: int) -> bool:
+    """Whether ``check_shape`` finds ``raw`` nested deeper than ``limit`` levels."""
+    try:
+        check_shape(raw, limit, len(raw) + 2)  # more values than any body holds: depth only
+    except APIError:
+        return True
+    return False
 
 
 def test_nesting_is_measured_outside_strings_only() -> None:

@@ -265,28 +265,6 @@ def test_request_rate_over_windows(redis_url: str, prefix: str) -> None:
     run(scenario)
 
 
-def test_tier_health_is_shared_and_expires(redis_url: str, prefix: str) -> None:
-    async def scenario() -> None:
-        a = SharedState(redis_url, prefix=prefix, replica_id="a")
-        b = SharedState(redis_url, prefix=prefix, replica_id="b")
-        await a.start()
-        await b.start()
-        try:
-            assert await b.tier_health() == {}
-            await a.put_tier_health({"fp16": "ready", "int4": "down"}, ttl=0.25)
-            assert await b.tier_health() == {"fp16": "ready", "int4": "down"}
-            await b.put_tier_health({"fp16": "down"}, ttl=5)
-            assert await a.tier_health() == {"fp16": "down"}
-            await a.put_tier_health({"fp16": "ready"}, ttl=0.25)
-            await asyncio.sleep(0.35)
-            assert await b.tier_health() == {}
-        finally:
-            await a.aclose()
-            await b.aclose()
-
-    run(scenario)
-
-
 def test_unreachable_redis_falls_back_to_local_state(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=LOGGER)
     clock = Clock(1000.0)
@@ -308,11 +286,8 @@ def test_unreachable_redis_falls_back_to_local_state(caplog: pytest.LogCaptureFi
             assert (await state.rate_limit("k", 2, 10)).allowed
             refused = await timed(state.rate_limit("k", 2, 10), limit)
             assert not refused.allowed and refused.retry_after == pytest.approx(10.0)
-            await timed(state.put_tier_health({"fp16": "ready"}, ttl=5), limit)
-            assert await timed(state.tier_health(), limit) == {"fp16": "ready"}
             await asyncio.sleep(0.2)  # several failed retries in the background: no new warning
             clock.now = 1010.0
-            assert await state.tier_health() == {}
             assert (await state.rate_limit("k", 2, 10)).allowed
             assert not state.shared
         finally:
