@@ -53,11 +53,47 @@ def reserve_port(host: str, port: int) -> socket.socket:
     return sock
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PICKED = 10000  # below: ports services are configured on (5432, 6379, 8000, 9090 ...)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (for tests and ad-hoc runs)."""
+    """A port that was free a moment ago (for tests and ad-hoc runs), picked below the kernel's
+    ephemeral range where there is room: a port from that range (what binding port 0 gives)
+    can be taken by any outgoing connection's local end while a tier loads for a minute, and on
+    a busy machine one was (``up``: "port 49682 is already in use")."""
+    picks = pick_order(ephemeral_range(), os.getpid() ^ time.monotonic_ns())
+    for port in picks:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def ephemeral_range(path: Path = EPHEMERAL_RANGE) -> tuple[int, int]:
+    """The kernel's range for the local ends of outgoing connections (Linux's default when the
+    file cannot be read)."""
+    try:
+        low, high = (int(part) for part in path.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def pick_order(ephemeral: tuple[int, int], seed: int, tries: int = 64) -> list[int]:
+    """Up to ``tries`` ports to try, spread over [LOWEST_PICKED, ephemeral low) by ``seed``
+    (none when that span is empty: the caller falls back to port 0)."""
+    span = ephemeral[0] - LOWEST_PICKED
+    if span < tries:
+        return []
+    start = seed % span
+    step = span // tries
+    return [LOWEST_PICKED + (start + i * step) % span for i in range(tries)]
 
 
 LOGS_KEPT = 3  # previous logs of a tier kept beside the current one: tier-x.log.1 (newest) ...

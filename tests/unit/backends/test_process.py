@@ -7,7 +7,16 @@ import pytest
 
 from backends.commands import Programs
 from backends.launch import TierLaunch
-from backends.process import TierProcess, TierStartError, _group_alive, check_port_free
+from backends.process import (
+    LOWEST_PICKED,
+    TierProcess,
+    TierStartError,
+    _group_alive,
+    check_port_free,
+    ephemeral_range,
+    free_port,
+    pick_order,
+)
 
 
 def test_port_in_use_is_named() -> None:
@@ -80,3 +89,26 @@ def test_a_restart_keeps_the_previous_logs(tmp_path: Path) -> None:
         previous = log.with_name(f"tier.log.{back}")
         assert previous.read_text().split() == ["run", str(pids[-1 - back])]
     assert not log.with_name("tier.log.4").exists()
+
+
+def test_free_port_is_below_the_ephemeral_range_where_there_is_room(tmp_path: Path) -> None:
+    low = ephemeral_range()[0]
+    port = free_port()
+    if low - LOWEST_PICKED >= 64:
+        assert LOWEST_PICKED <= port < low
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))  # and it is free
+    wide = tmp_path / "range"
+    wide.write_text("1024\t65535\n")
+    assert ephemeral_range(wide) == (1024, 65535)
+    assert pick_order(ephemeral_range(wide), seed=7) == []  # no room: port 0's choice instead
+    bad = tmp_path / "bad"
+    bad.write_text("garbage")
+    assert ephemeral_range(bad) == (32768, 60999)
+
+
+def test_pick_order_spreads_over_the_room_below_the_range() -> None:
+    picks = pick_order((32768, 60999), seed=123456)
+    assert len(picks) == len(set(picks)) == 64
+    assert all(LOWEST_PICKED <= p < 32768 for p in picks)
+    assert pick_order((32768, 60999), seed=1)[0] != pick_order((32768, 60999), seed=2)[0]
