@@ -314,8 +314,14 @@ async def metrics_endpoint(request: Request) -> Response:
 async def openapi_endpoint(request: Request) -> Response:
     """``GET /openapi.json``: the routed endpoints' OpenAPI document."""
     runtime = getattr(request.app.state, "runtime", None)
-    limits = runtime.policies.active.policy.limits if runtime else None
-    return JSONResponse(openapi_document(request.app.state.config.model_name, limits))
+    policy = runtime.policies.active.policy if runtime else None
+    return JSONResponse(
+        openapi_document(
+            request.app.state.config.model_name,
+            policy.limits if policy else None,
+            policy.fields if policy else None,
+        )
+    )
 
 
 def serve(

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.policy.fields import FieldsPolicy
 from gateway.policy.schema import LimitsPolicy
+from gateway.request.fields import Rule, field_rules
 
 ERROR = {
     "type": "object",
@@ -80,12 +82,40 @@ def _bounded(limits: LimitsPolicy | None) -> tuple[dict[str, Any], dict[str, Any
     return chat, {**common, "logprobs": _count(0, top)}
 
 
-def _bodies(model_name: str | None, limits: LimitsPolicy | None) -> tuple[dict[str, Any], ...]:
+def _screened(fields: FieldsPolicy, limits: LimitsPolicy | None, chat: bool) -> dict[str, Any]:
+    """The fields the policy's ``fields`` screens (gateway/request/fields.py): a refused one
+    may take no value at all (``not: {}``: a client must leave it out), ``logprob_token_ids``
+    at most ``max_logprobs`` ids, ``chat_template_kwargs`` only the keys the policy lists."""
+    out: dict[str, Any] = {}
+    for name, rule in sorted(field_rules(fields, chat).items()):
+        if rule is Rule.REFUSE:
+            out[name] = {"not": {}, "description": "refused by this gateway's policy (fields)"}
+        elif rule is Rule.TOKEN_IDS:
+            ids: dict[str, Any] = {"type": "integer", "minimum": 0}
+            out[name] = {"type": "array", "items": ids, "nullable": True}
+            if limits is not None:
+                out[name]["maxItems"] = limits.max_logprobs
+        elif rule is Rule.TEMPLATE_KWARGS and name not in fields.allow:
+            keys: dict[str, Any] = {key: {} for key in fields.chat_template_kwargs}
+            out[name] = {
+                "type": "object",
+                "properties": keys,
+                "additionalProperties": False,
+                "nullable": True,
+            }
+    return out
+
+
+def _bodies(
+    model_name: str | None, limits: LimitsPolicy | None, fields: FieldsPolicy
+) -> tuple[dict[str, Any], ...]:
     """The chat and completions request schemas."""
     common = dict(COMMON)
     if model_name is not None:
         common["model"] = {"type": "string", "enum": [model_name], "nullable": True}
     chat_bounded, completion_bounded = _bounded(limits)
+    chat_bounded |= _screened(fields, limits, chat=True)
+    completion_bounded |= _screened(fields, limits, chat=False)
     chat = {
         "type": "object",
         "required": ["messages"],
@@ -139,13 +169,16 @@ def _completion(body: dict[str, Any], summary: str) -> dict[str, Any]:
 
 
 def openapi_document(
-    model_name: str | None = None, limits: LimitsPolicy | None = None
+    model_name: str | None = None,
+    limits: LimitsPolicy | None = None,
+    fields: FieldsPolicy | None = None,
 ) -> dict[str, Any]:
     """The document (built on each call; it is small). With ``model_name``, ``model`` must be
     it (absent means it too); ``limits``: the policy's bounds (a list ``prompt``'s length,
-    ``n``, logprobs, tools), absent ones unbounded."""
+    ``n``, logprobs, tools), absent ones unbounded; ``fields``: what the policy refuses or
+    bounds (absent: the defaults)."""
     plain = {"200": {"description": "ok"}, **_errors(503)}
-    chat, completion = _bodies(model_name, limits)
+    chat, completion = _bodies(model_name, limits, fields or FieldsPolicy())
     return {
         "openapi": "3.0.3",
         "info": {"title": "Model-Optimizer gateway", "version": "1"},

@@ -204,19 +204,32 @@ def route_headers(cls: str | None, tier: str | None, reason: str | None) -> dict
 
 
 def requested_max_tokens(body: Mapping[str, Any], kind: Kind) -> tuple[str, int | None]:
-    """The completion-length field the client used and its value (None: not given)."""
-    field = (
-        "max_completion_tokens" if kind is Kind.CHAT and "max_completion_tokens" in body else None
-    )
-    field = field or "max_tokens"
+    """The completion-length field the client used and its value (None: not given). Chat takes
+    ``max_completion_tokens`` over ``max_tokens``; each one given must be an integer >= 1 all
+    the same (the tier checks both: an unused one that is wrong is the client's error too)."""
+    fields = ("max_completion_tokens", "max_tokens") if kind is Kind.CHAT else ("max_tokens",)
+    given = [(name, _length(body, name)) for name in fields]
+    return next(((name, value) for name, value in given if value is not None), ("max_tokens", None))
+
+
+def _length(body: Mapping[str, Any], field: str) -> int | None:
+    """``body[field]`` as a completion length: absent or null, else an integer >= 1."""
     value = body.get(field)
     if value is None:
-        return field, None
+        return None
     if not isinstance(value, int) or isinstance(value, bool):
         raise APIError(
             400, f"'{field}' must be an integer", INVALID_REQUEST, param=field, code="invalid_type"
         )
-    return field, value
+    if value < 1:
+        raise APIError(
+            400,
+            f"'{field}' must be at least 1, got {value}",
+            INVALID_REQUEST,
+            param=field,
+            code="invalid_value",
+        )
+    return value
 
 
 def _no_chain(

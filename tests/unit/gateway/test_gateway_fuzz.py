@@ -66,6 +66,10 @@ def test_the_openapi_document_is_served(
     assert (fields["n"]["minimum"], fields["n"]["maximum"]) == (1, LimitsPolicy().max_n)
     assert fields["top_logprobs"]["maximum"] == LimitsPolicy().max_logprobs
     assert fields["tools"]["maxItems"] == LimitsPolicy().max_tools
+    # What the policy's fields refuse may take no value; what it bounds, only what it allows.
+    assert fields["kv_transfer_params"]["not"] == {} and fields["cache_salt"]["not"] == {}
+    assert fields["logprob_token_ids"]["maxItems"] == LimitsPolicy().max_logprobs
+    assert fields["chat_template_kwargs"]["additionalProperties"] is False
 
 
 def test_the_shipped_gateway_uses_the_shipped_configuration(

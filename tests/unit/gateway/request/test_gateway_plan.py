@@ -15,6 +15,7 @@ from gateway.request.plan import (
     Plan,
     assess,
     plan_route,
+    requested_max_tokens,
     route_headers,
 )
 from gateway.request.prompt_count import ByteCounter, count_prompt
@@ -275,3 +276,37 @@ def test_tools_count_as_prompt_tokens() -> None:
     with pytest.raises(APIError) as caught:
         _plan(_chat("Hi", tools=[tool] * 10))  # over the shipped max_input_tokens (1536)
     assert caught.value.code == "context_length_exceeded"
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "expected"),
+    [
+        ({"max_completion_tokens": 5, "max_tokens": 9}, Kind.CHAT, ("max_completion_tokens", 5)),
+        ({"max_completion_tokens": None, "max_tokens": 7}, Kind.CHAT, ("max_tokens", 7)),
+        ({"max_completion_tokens": 5}, Kind.COMPLETIONS, ("max_tokens", None)),
+        ({}, Kind.CHAT, ("max_tokens", None)),
+    ],
+)
+def test_the_completion_length_field_the_client_used(
+    body: dict[str, Any], kind: Kind, expected: tuple[str, int | None]
+) -> None:
+    assert requested_max_tokens(body, kind) == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "code"),
+    [
+        # The unused field is checked too: the fuzz run found max_tokens -1609 beside a valid
+        # max_completion_tokens answered 200 (and forwarded to a tier that refuses it).
+        ({"max_completion_tokens": 1, "max_tokens": -1609}, "max_tokens", "invalid_value"),
+        ({"max_completion_tokens": 1, "max_tokens": [None]}, "max_tokens", "invalid_type"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens", "invalid_value"),
+        ({"max_tokens": True}, "max_tokens", "invalid_type"),
+    ],
+)
+def test_each_given_completion_length_must_be_an_integer_of_at_least_one(
+    body: dict[str, Any], field: str, code: str
+) -> None:
+    with pytest.raises(APIError) as refused:
+        requested_max_tokens(body, Kind.CHAT)
+    assert (refused.value.status, refused.value.param, refused.value.code) == (400, field, code)
