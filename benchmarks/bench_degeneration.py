@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from gateway.policy.escalation import EscalationPolicy  # noqa: E402
 from gateway.policy.schema import load_policy  # noqa: E402
-from gateway.request.continuation import complete_events  # noqa: E402
+from gateway.request.sse import complete_events  # noqa: E402
 from gateway.request.stream_watch import StreamWatch  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"

@@ -24,19 +24,12 @@ import httpx
 
 from gateway.config import TierEndpoint
 from gateway.errors import APIError, sse_error_event, tier_error
-from gateway.request.continuation import (
-    CUT,
-    DONE,
-    SentEvents,
-    TierError,
-    ends_answer,
-    split_error,
-)
+from gateway.request.continuation import CUT, SentEvents, TierError, ends_answer, split_error
 from gateway.request.exchange import SSECounter
 from gateway.request.prompt_count import CHAT
-from gateway.request.sse_buffer import EventBuffer, event_too_large
+from gateway.request.sse import DONE, EventBuffer, ends_event
 from gateway.request.stream_watch import Degenerated, StreamWatch
-from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly
+from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly, event_too_large
 
 if TYPE_CHECKING:
     from gateway.request.resume import Resumer
@@ -104,7 +97,7 @@ async def relay_resumable(
                 resumer.watched(tier, degenerated=False)
             rest = (watch.flush() if watch is not None else b"") + (pending if not rewrite else b"")
             if not (sent.done or b"[DONE]" in rest):  # finished, only [DONE] missing: add it
-                rest += (b"" if not rest or rest.endswith(b"\n\n") else b"\n\n") + DONE
+                rest += (b"" if not rest or ends_event(rest) else b"\n\n") + DONE
             counter.feed(rest)  # held text, what followed the last event boundary, [DONE]
             yield rest
             counter.completed = True

@@ -21,7 +21,8 @@ from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from typing import Any
 
-from gateway.request.continuation import split_events
+from gateway.request.chunk import read_chunk
+from gateway.request.sse import payload, split_events
 
 USAGE_OPTIONS = {"include_usage": True}
 
@@ -36,9 +37,14 @@ def asking_usage(body: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def is_usage_event(event: bytes) -> bool:
     """Whether one SSE event (no separator) is a usage-only event: no choices, a usage."""
-    if not event.startswith(b"data:") or b'"usage"' not in event:
+    if b'"usage"' not in event:  # the usual event, not decoded
         return False
-    return b'"choices":[]' in event.replace(b" ", b"")
+    data = payload(event)
+    if data is None:
+        return False
+    chunk = read_chunk(data, chat=True)
+    body = chunk.body
+    return body is not None and body.get("choices") == [] and "usage" in body
 
 
 def drop_usage_events(block: bytes) -> bytes:
