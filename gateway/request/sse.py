@@ -15,6 +15,8 @@ An event ends at a blank line: two line endings in a row, where a line ends with
 - ``payload`` reads one event's data: its ``data:`` lines' values joined by ``\\n`` (the SSE
   spec's multi-line data), comment lines (``:``) and other fields skipped; ``payloads`` reads a
   block's. ``is_done`` says a payload is OpenAI's ``[DONE]``; ``encode`` writes one event.
+- ``read_payloads`` and ``aread_payloads``: the payloads of a stream read chunk by chunk, as
+  a client reads one (the benchmarks, the load generator, tests).
 
 What a payload says (an OpenAI chunk) is read by gateway/request/chunk.py.
 """
@@ -22,6 +24,7 @@ What a payload says (an OpenAI chunk) is read by gateway/request/chunk.py.
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 
 # An event ends at a blank line, in any of SSE's three line endings (none is part of another).
 BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
@@ -125,3 +128,21 @@ class EventBuffer:
         rest = bytes(self._rest)
         self._rest.clear()
         return rest
+
+
+def read_payloads(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """The payloads of a stream's events, each as soon as its event is complete."""
+    buffer = EventBuffer()
+    for chunk in chunks:
+        yield from payloads(buffer.feed(chunk))
+    yield from payloads(buffer.rest())
+
+
+async def aread_payloads(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    """``read_payloads`` of a stream read asynchronously."""
+    buffer = EventBuffer()
+    async for chunk in chunks:
+        for data in payloads(buffer.feed(chunk)):
+            yield data
+    for data in payloads(buffer.rest()):
+        yield data

@@ -6,9 +6,11 @@ gateway over stub tiers."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -20,10 +22,12 @@ from gateway.request.exchange import MAX_LINE, SSECounter
 from gateway.request.sse import (
     BOUNDARIES,
     EventBuffer,
+    aread_payloads,
     encode,
     ends_event,
     payload,
     payloads,
+    read_payloads,
     split_events,
 )
 
@@ -112,6 +116,21 @@ def test_multi_line_data_comments_and_fields() -> None:
     assert encode(b"[DONE]") == b"data: [DONE]\n\n"
     assert encode(b'{"a":\n 1}') == b'data: {"a":\ndata:  1}\n\n'
     assert payload(encode(b'{"a":\n 1}')) == b'{"a":\n 1}'
+
+
+def test_a_stream_read_chunk_by_chunk_gives_each_payload_once() -> None:
+    stream = b'data: {"a":1}\r\n\r\n: c\r\n\r\ndata: [DONE]\r\n\r\ndata: tail'
+    pieces = [stream[i : i + 5] for i in range(0, len(stream), 5)]
+    assert list(read_payloads(pieces)) == [b'{"a":1}', b"[DONE]", b"tail"]
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for piece in pieces:
+            yield piece
+
+    async def read() -> list[bytes]:
+        return [data async for data in aread_payloads(chunks())]
+
+    assert asyncio.run(read()) == [b'{"a":1}', b"[DONE]", b"tail"]
 
 
 def test_one_long_event_costs_linear_time() -> None:
