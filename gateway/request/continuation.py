@@ -5,8 +5,9 @@ Every tier serves the same model with the same tokenizer and chat template, so a
 short on one tier can go on from where it stopped on another:
 
 - ``read_sent`` reads the SSE events the client was sent (complete events only: the relay
-  forwards nothing past the last event boundary it has) into a ``Sent``: the answer's id and
-  creation time, its text so far, how many content events it had, whether it already ended.
+  forwards nothing past the last event boundary it has; each read by gateway/request/sse.py
+  and gateway/request/chunk.py) into a ``Sent``: the answer's id and creation time, its text
+  so far, how many content events it had, whether it already ended.
 - ``unresumable`` says why a request cannot be continued (several choices, echo, structured
   output whose grammar would restart, a prompt that is not one text), or None.
 - ``continuation_body`` is the body for the next tier: a chat's messages plus the partial

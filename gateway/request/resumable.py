@@ -1,13 +1,14 @@
 """Relaying a stream that can be continued on another tier (its request has a ``Resumer``).
 
 Unlike the plain relay (gateway/request/relay.py ``relay_sse``), only complete SSE events are
-forwarded, and they are kept (``SentEvents``: a long answer's older events folded into their
-text and counts, so its memory stays bounded by its text): when the tier fails (its
-connection breaks, or it sends an error event of its own, as vLLM does when its engine dies)
-or a watched tier's text degenerates (gateway/request/stream_watch.py), the failed response
-is closed first (the tier stops generating), then the ``Resumer`` (gateway/request/resume.py)
-opens the continuation on the next endpoint or tier, whose events are rewritten into the same
-answer (gateway/request/continuation.py). A tier stream that closes cleanly with neither a
+forwarded (gateway/request/sse.py ``EventBuffer``), and they are kept (``SentEvents``: a long
+answer's older events folded into their text and counts, so its memory stays bounded by its
+text): when the tier fails (its connection breaks, or it sends an error event of its own, as
+vLLM does when its engine dies) or a watched tier's text degenerates
+(gateway/request/stream_watch.py), the failed response is closed first (the tier stops
+generating), then the ``Resumer`` (gateway/request/resume.py) opens the continuation on the
+next endpoint or tier, whose events are rewritten into the same answer
+(gateway/request/continuation.py). A tier stream that closes cleanly with neither a
 finish_reason nor ``[DONE]`` was cut mid-answer and fails the same way; one with a finish_reason
 but no ``[DONE]`` is finished, and the client gets the ``[DONE]``. With nothing left to continue
 on, the stream ends as the plain relay ends it: what was held back, then one SSE error event.

@@ -1,12 +1,22 @@
 """gateway/request/chunk.py: one reader of OpenAI's streaming chunks, chat and completions
-(issue 34): text, calls, the opening, finish reasons, logprobs, usage, errors, [DONE]."""
+(issue 34): text, calls, the opening, finish reasons, logprobs, usage, errors, [DONE]; and
+every reader of a relayed stream reading one answer alike in every framing and cut."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.request.assemble import Assembler
 from gateway.request.chunk import DONE_CHUNK, read_chunk
+from gateway.request.continuation import read_sent, split_error
+from gateway.request.sse import BOUNDARIES, EventBuffer, payloads
+from gateway.request.stream_watch import StreamWatch
 
 
 def data(payload: Any) -> bytes:
@@ -60,3 +70,44 @@ def test_usage_errors_done_and_what_is_not_a_chunk() -> None:
     assert read_chunk(b"[DONE]", chat=True) is DONE_CHUNK
     assert read_chunk(b"{not json", chat=True).problem == "not JSON"
     assert read_chunk(b"[1]", chat=True).problem == "not a JSON object"
+
+
+_TEXTS = st.lists(st.text(max_size=6), min_size=1, max_size=8)
+
+
+def _stream(texts: list[str], chat: bool, end: bytes) -> bytes:
+    def choice(text: str, finish: str | None = None) -> dict[str, Any]:
+        body = {"delta": {"content": text}} if chat else {"text": text}
+        return {"index": 0, **body, "finish_reason": finish}
+
+    chunks = [{"id": "x", "created": 1, "choices": [choice(t)]} for t in texts]
+    chunks.append({"id": "x", "created": 1, "choices": [choice("", "stop")]})
+    events = [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks]
+    return b"".join([*events, b": done\n\n", b"data: [DONE]\n\n"]).replace(b"\n\n", end)
+
+
+@settings(max_examples=30, deadline=None)
+@given(texts=_TEXTS, chat=st.booleans(), cuts=st.lists(st.integers(min_value=0), max_size=6))
+@pytest.mark.parametrize("end", BOUNDARIES)
+def test_every_reader_reads_the_same_answer_in_every_framing_and_cut(
+    end: bytes, texts: list[str], chat: bool, cuts: list[int]
+) -> None:
+    """The relays' readers (continuation, stream watch, assembly) read one answer alike."""
+    stream = _stream(texts, chat, end)
+    points = sorted({0, len(stream), *(cut % (len(stream) + 1) for cut in cuts)})
+    buffer, assembler = EventBuffer(), Assembler(chat)
+    watch = StreamWatch(None, None, 0, chat)
+    blocks, watched = [], []
+    for a, b in itertools.pairwise(points):
+        assembler.feed(stream[a:b])
+        if block := buffer.feed(stream[a:b]):
+            blocks.append(block)
+            watched.append(watch.feed(block))
+    sent = read_sent(blocks, chat)
+    assert (sent.text, sent.finished, sent.id, sent.why_not) == ("".join(texts), True, "x", None)
+    whole = json.loads(assembler.result().body)["choices"][0]
+    assert (whole["message"]["content"] if chat else whole["text"]) == "".join(texts)
+    assert watch.text == "".join(texts) and payloads(b"".join(watched))[-1] == b"[DONE]"
+    error = b'data: {"error": {"message": "died", "code": 500}}' + end
+    kept, found = split_error(b"".join(blocks[:-1]) + error)  # the events before it, as sent
+    assert kept == b"".join(blocks[:-1]) and found is not None and found.status == 500

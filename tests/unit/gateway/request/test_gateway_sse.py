@@ -72,7 +72,8 @@ def _expected(events: list[list[Line]]) -> list[bytes]:
     """Each event's data as the SSE spec reads it (``payload`` drops surrounding whitespace)."""
     found = []
     for event in events:
-        values = [value for name, _, value in event if name == "data"]
+        fields = [(colon + value)[1:] for name, colon, value in event if name == "data"]
+        values = [field.removeprefix(" ") for field in fields]  # one space after the colon
         if values:
             found.append("\n".join(values).encode().strip())
     return found
