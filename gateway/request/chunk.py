@@ -31,17 +31,49 @@ class ChunkError:
     body: Any  # the ``error`` value as sent
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Choice:
-    """One choice of a chunk (see the module docstring)."""
+    """One choice of a chunk (see the module docstring), read as it is asked (a stream's
+    events are many: nothing is read that its reader does not ask for)."""
 
     body: Mapping[str, Any] | None  # as sent; None when it is not a JSON object
-    index: int | None  # 0 when left out; None when not an int (or the choice not an object)
-    text: str = ""  # delta.content (chat) or text (completions); "" for none
-    calls: bool = False  # a chat delta that carries more than text (tool or function calls)
-    opening: bool = False  # a chat delta with a role: the answer's opening
-    finish_reason: Any = None  # as sent (vLLM: null until the last token)
     chat: bool = True
+
+    @property
+    def index(self) -> int | None:
+        """Its index (0 when left out); None when not an int (or the choice not an object)."""
+        return _int(self.body.get("index", 0)) if self.body is not None else None
+
+    @property
+    def text(self) -> str:
+        """``delta.content`` (chat) or ``text`` (completions); "" for none."""
+        if self.body is None:
+            return ""
+        if not self.chat:
+            return _text(self.body.get("text"))
+        delta = self.body.get("delta")
+        return _text(delta.get("content")) if isinstance(delta, dict) else ""
+
+    @property
+    def calls(self) -> bool:
+        """Whether a chat delta carries more than text (tool or function calls)."""
+        if self.body is None or not self.chat:
+            return False
+        delta = self.body.get("delta") or {}
+        if not isinstance(delta, dict):
+            return True
+        return bool(delta.get("tool_calls") or delta.get("function_call"))
+
+    @property
+    def opening(self) -> bool:
+        """Whether it is a chat delta with a role: the answer's opening."""
+        delta = self.body.get("delta") if self.body is not None and self.chat else None
+        return isinstance(delta, dict) and "role" in delta
+
+    @property
+    def finish_reason(self) -> Any:
+        """As sent (vLLM: null until the last token)."""
+        return self.body.get("finish_reason") if self.body is not None else None
 
     @property
     def finished(self) -> bool:
@@ -64,25 +96,53 @@ class Choice:
         return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Chunk:
     """One event's data, read (see the module docstring)."""
 
     body: Mapping[str, Any] | None = None  # the JSON object; None for [DONE] or no object
+    chat: bool = True
     done: bool = False  # OpenAI's [DONE]
     problem: str | None = None  # "not JSON" or "not a JSON object": what it is instead
-    error: ChunkError | None = None  # the event is an error event
-    id: str | None = None
-    created: int | None = None
-    choices: tuple[Choice, ...] = ()
-    usage: Mapping[str, Any] | None = None  # its usage, when that is an object
+
+    @property
+    def error(self) -> ChunkError | None:
+        """The error object, when the event is an error event."""
+        if self.body is None or "error" not in self.body:
+            return None
+        return _error(self.body["error"])
+
+    @property
+    def id(self) -> str | None:
+        return _str(self.body.get("id")) if self.body is not None else None
+
+    @property
+    def created(self) -> int | None:
+        return _int(self.body.get("created")) if self.body is not None else None
+
+    @property
+    def choices(self) -> tuple[Choice, ...]:
+        """Its choices (none for an error event, ``[DONE]`` or a usage-only event)."""
+        if self.body is None or "error" in self.body:
+            return ()
+        choices = self.body.get("choices")
+        if not isinstance(choices, list):
+            return ()
+        return tuple(Choice(c if isinstance(c, dict) else None, self.chat) for c in choices)
+
+    @property
+    def usage(self) -> Mapping[str, Any] | None:
+        """Its usage, when that is an object."""
+        usage = self.body.get("usage") if self.body is not None else None
+        return usage if isinstance(usage, dict) else None
 
     @property
     def usage_tokens(self) -> tuple[int | None, int | None]:
         """(prompt, completion) tokens of its usage (None for each it does not give)."""
-        if self.usage is None:
+        usage = self.usage
+        if usage is None:
             return None, None
-        return _int(self.usage.get("prompt_tokens")), _int(self.usage.get("completion_tokens"))
+        return _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
 
 
 DONE_CHUNK = Chunk(done=True)
@@ -95,37 +155,10 @@ def read_chunk(data: bytes, chat: bool) -> Chunk:
     try:
         event = json.loads(data)
     except ValueError:
-        return Chunk(problem="not JSON")
+        return Chunk(chat=chat, problem="not JSON")
     if not isinstance(event, dict):
-        return Chunk(problem="not a JSON object")
-    if "error" in event:
-        return Chunk(event, error=_error(event["error"]))
-    choices = event.get("choices")
-    usage = event.get("usage")
-    return Chunk(
-        event,
-        id=_str(event.get("id")),
-        created=_int(event.get("created")),
-        choices=tuple(_choice(c, chat) for c in choices) if isinstance(choices, list) else (),
-        usage=usage if isinstance(usage, dict) else None,
-    )
-
-
-def _choice(choice: Any, chat: bool) -> Choice:
-    if not isinstance(choice, dict):
-        return Choice(None, None, chat=chat)
-    index = choice.get("index", 0)
-    index = _int(index)
-    finish = choice.get("finish_reason")
-    if not chat:
-        text = choice.get("text")
-        return Choice(choice, index, _text(text), finish_reason=finish, chat=False)
-    delta = choice.get("delta") or {}
-    if not isinstance(delta, dict):
-        return Choice(choice, index, calls=True, finish_reason=finish)
-    calls = bool(delta.get("tool_calls") or delta.get("function_call"))
-    text = _text(delta.get("content"))
-    return Choice(choice, index, text, calls, "role" in delta, finish)
+        return Chunk(chat=chat, problem="not a JSON object")
+    return Chunk(event, chat)
 
 
 def _error(error: Any) -> ChunkError:

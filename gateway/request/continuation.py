@@ -123,10 +123,11 @@ def read_sent(events: Iterable[bytes], chat: bool, before: Sent | None = None) -
                 return Sent(why_not="the answer has several choices")
             if choice.calls:
                 return Sent(why_not="the answer holds more than text (tool calls)")
-            parts.append(choice.text)
+            text = choice.text
+            parts.append(text)
             if choice.finished:
                 finished = True
-            elif choice.text or not choice.opening:
+            elif text or not choice.opening:
                 count += 1  # a token event (an empty one: a character still incomplete)
     return Sent(answer_id, created, "".join(parts), count, finished)
 

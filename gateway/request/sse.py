@@ -56,8 +56,10 @@ def split_events(block: bytes) -> list[tuple[bytes, bytes]]:
 def payload(event: bytes) -> bytes | None:
     """One event's data (``event`` without or with its boundary): the values of its ``data``
     lines joined by ``\\n`` (one space after a line's colon dropped, as SSE says), surrounding
-    whitespace dropped (a payload is JSON or ``[DONE]``);
-    None when it has no ``data`` line (comments only, say)."""
+    whitespace dropped (a payload is JSON or ``[DONE]``); None when it has no ``data`` line
+    (comments only, say)."""
+    if event.startswith(b"data:") and b"\n" not in event and b"\r" not in event:
+        return event[5:].strip()  # the usual event: one data line (its space stripped too)
     values = []
     for line in event.splitlines():  # CRLF, LF and CR: SSE's line endings, no others
         if line.startswith(b"data:"):
@@ -73,8 +75,12 @@ def payload(event: bytes) -> bytes | None:
 def payloads(block: bytes) -> list[bytes]:
     """The data of each event in ``block`` that has some, in order (an unended last event's
     too)."""
+    if b"\r" in block:
+        events = [event for event, _end in split_events(block)]
+    else:  # vLLM's framing: LF alone, split without the regex
+        events = block.split(b"\n\n")
     found = []
-    for event, _end in split_events(block):
+    for event in events:
         data = payload(event)
         if data is not None:
             found.append(data)

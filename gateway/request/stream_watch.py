@@ -15,6 +15,7 @@ sent text ends: nothing the client has is taken back or sent twice.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,7 @@ KEEP = 2 * LOOKBACK  # characters of the answer's tail kept for the checks (plus
 @dataclass
 class _Held:
     raw: bytes  # the event as it came
-    event: dict[str, Any] | None  # parsed, when it carries text
+    event: Mapping[str, Any] | None  # parsed, when it carries text
     start: int  # its text's span in the answer's text
     end: int
 
@@ -105,7 +106,7 @@ class StreamWatch:
         if self._confidence is not None:
             self._confidence.clear()
 
-    def _read(self, data: bytes) -> tuple[dict[str, Any] | None, str, bool, list[float]]:
+    def _read(self, data: bytes) -> tuple[Mapping[str, Any] | None, str, bool, list[float]]:
         """(the event, when it carries text; its text, whether it ends the answer, its tokens'
         logprobs)."""
         chunk = read_chunk(data, self.chat)
@@ -113,12 +114,13 @@ class StreamWatch:
             return None, "", True, []
         if chunk.body is None:
             return None, "", False, []
-        if not chunk.choices or chunk.choices[0].body is None:
+        choices = chunk.choices
+        if not choices or choices[0].body is None:
             return None, "", bool(chunk.body.get("usage")), []
-        choice = chunk.choices[0]
+        choice = choices[0]
         logprobs = choice.logprobs if self._confidence is not None else []
-        event = dict(chunk.body) if choice.text else None
-        return event, choice.text, choice.finished, logprobs
+        text = choice.text
+        return (chunk.body if text else None), text, choice.finished, logprobs
 
     def _check(self) -> Degeneration | None:
         """A verdict on the text kept, its cut counted from the answer's start."""
