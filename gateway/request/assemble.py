@@ -151,10 +151,11 @@ class Assembler:
                 self.error = chunk.error.body
                 continue
             self._fold_top(chunk.body)
-            for choice in chunk.choices:
-                if choice.body is not None:
-                    index = choice.index if choice.index is not None else 0
-                    self.choices.setdefault(index, _Choice(index)).fold(choice.body, self.chat)
+            for choice in chunk.body.get("choices") or []:  # folded whole: every field read
+                if isinstance(choice, dict):
+                    index = choice.get("index", 0)
+                    index = index if isinstance(index, int) else 0
+                    self.choices.setdefault(index, _Choice(index)).fold(choice, self.chat)
 
     def result(self, failure: int | None = None) -> Assembled:
         """The whole answer; ``failure``: the status the relay recorded when the stream ended

@@ -128,7 +128,8 @@ class Chunk:
         choices = self.body.get("choices")
         if not isinstance(choices, list):
             return ()
-        return tuple(Choice(c if isinstance(c, dict) else None, self.chat) for c in choices)
+        chat = self.chat
+        return tuple([Choice(c if isinstance(c, dict) else None, chat) for c in choices])
 
     @property
     def usage(self) -> Mapping[str, Any] | None:

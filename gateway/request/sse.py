@@ -81,7 +81,7 @@ def payloads(block: bytes) -> list[bytes]:
         events = block.split(b"\n\n")
     found = []
     for event in events:
-        data = payload(event)
+        data = payload(event) if event else None  # after the last boundary: nothing
         if data is not None:
             found.append(data)
     return found
