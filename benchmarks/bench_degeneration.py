@@ -38,7 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 from gateway.policy.escalation import EscalationPolicy  # noqa: E402
 from gateway.policy.schema import load_policy  # noqa: E402
-from gateway.request.continuation import complete_events  # noqa: E402
+from gateway.request.chunk import read_chunk  # noqa: E402
+from gateway.request.sse import EventBuffer, payloads  # noqa: E402
 from gateway.request.stream_watch import StreamWatch  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -68,12 +69,9 @@ def lowest_window_mean(logprobs: list[float], window: int) -> float | None:
 def token_logprobs(events: bytes) -> list[float]:
     """The sampled tokens' logprobs in a chat stream's complete events."""
     found: list[float] = []
-    for line in events.split(b"\n"):
-        if not line.startswith(b"data: {"):
-            continue
-        for choice in json.loads(line[6:]).get("choices") or []:
-            for entry in (choice.get("logprobs") or {}).get("content") or []:
-                found.append(float(entry["logprob"]))
+    for data in payloads(events):
+        for choice in read_chunk(data, chat=True).choices:
+            found += choice.logprobs
     return found
 
 
@@ -101,11 +99,11 @@ def watch_answer(
     if logprobs:
         body["logprobs"] = True
     seen: list[float] = []
-    pending = b""
+    buffer = EventBuffer()
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=300) as answer:
         answer.raise_for_status()
         for chunk in answer.iter_raw():
-            events, pending = complete_events(pending + chunk)
+            events = buffer.feed(chunk)
             if not events:
                 continue
             watch.feed(events)

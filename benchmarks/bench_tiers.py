@@ -38,6 +38,8 @@ from backends.spec import load_spec  # noqa: E402
 from backends.supervisor import Supervisor  # noqa: E402
 from backends.tier_plan import resolve_tiers  # noqa: E402
 from common.cpu import machine_flags  # noqa: E402
+from gateway.request.chunk import read_chunk  # noqa: E402
+from gateway.request.sse import aread_payloads  # noqa: E402
 from measure.serving_stats import percentile  # noqa: E402
 from model_optimizer.envs import cache_root, env_python  # noqa: E402
 from model_optimizer.optimize import installed_vllm  # noqa: E402
@@ -87,10 +89,9 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: str, out: int
     tokens = 0
     async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
         resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            if json.loads(line[6:])["choices"][0].get("text"):
+        async for data in aread_payloads(resp.aiter_bytes()):
+            chunk = read_chunk(data, chat=False)
+            if chunk.choices and chunk.choices[0].text:
                 tokens += 1
                 if ttft == 0.0:
                     ttft = time.perf_counter() - started

@@ -12,13 +12,14 @@ still holds every finished request.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
 
+from gateway.request.chunk import read_chunk
+from gateway.request.sse import aread_payloads
 from measure.serving_stats import RequestResult
 
 ERROR_CHARS = 300
@@ -84,24 +85,23 @@ async def one_request(
                 text = (await response.aread()).decode(errors="replace")
                 error = f"HTTP {response.status_code}: {' '.join(text.split())}"
                 return RequestResult(start, False, prompt.tokens, error=error[:ERROR_CHARS])
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+            async for data in aread_payloads(response.aiter_bytes()):
+                chunk = read_chunk(data, chat=False)
+                if chunk.done:
                     break
-                chunk = json.loads(data)
+                if chunk.problem is not None:
+                    raise ValueError(f"a chunk that is {chunk.problem}: {data[:80]!r}")
                 now = time.perf_counter()
-                if chunk.get("choices"):
+                if chunk.choices:
                     if first is None:
                         first = now
                     else:
                         gaps.append(now - last)
                     last = now
-                    if chunk["choices"][0].get("text"):
+                    if chunk.choices[0].text:
                         chunks_with_text += 1
-                if isinstance(chunk.get("usage"), dict):
-                    usage = chunk["usage"]
+                if chunk.usage is not None:
+                    usage = dict(chunk.usage)
     except (httpx.HTTPError, ValueError) as exc:
         error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
         return RequestResult(start, False, prompt.tokens, error=error[:ERROR_CHARS])

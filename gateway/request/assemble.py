@@ -26,9 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.request.continuation import event_data, unresumable
+from gateway.request.chunk import read_chunk
+from gateway.request.continuation import unresumable
 from gateway.request.kind import Kind
-from gateway.request.sse_buffer import EventBuffer
+from gateway.request.sse import EventBuffer, payloads
 
 # Request fields whose whole answer a stream does not give back as it is.
 _WHOLE_ONLY = (
@@ -141,20 +142,17 @@ class Assembler:
     def feed(self, data: bytes) -> None:
         """Bytes of the relayed stream, cut anywhere."""
         events = self._buffer.feed(data)
-        for payload in event_data(events):
-            if payload == b"[DONE]" or self.error is not None:
+        for payload in payloads(events):
+            if self.error is not None:
                 continue
-            try:
-                event = json.loads(payload)
-            except ValueError:
+            chunk = read_chunk(payload, self.chat)
+            if chunk.body is None:  # [DONE], or not a JSON object
                 continue
-            if not isinstance(event, dict):
+            if chunk.error is not None:
+                self.error = chunk.error.body
                 continue
-            if "error" in event:
-                self.error = event["error"]
-                continue
-            self._fold_top(event)
-            for choice in event.get("choices") or []:
+            self._fold_top(chunk.body)
+            for choice in chunk.body.get("choices") or []:  # folded whole: every field read
                 if isinstance(choice, dict):
                     index = choice.get("index", 0)
                     index = index if isinstance(index, int) else 0

@@ -5,8 +5,9 @@ Every tier serves the same model with the same tokenizer and chat template, so a
 short on one tier can go on from where it stopped on another:
 
 - ``read_sent`` reads the SSE events the client was sent (complete events only: the relay
-  forwards nothing past the last event boundary it has) into a ``Sent``: the answer's id and
-  creation time, its text so far, how many content events it had, whether it already ended.
+  forwards nothing past the last event boundary it has; each read by gateway/request/sse.py
+  and gateway/request/chunk.py) into a ``Sent``: the answer's id and creation time, its text
+  so far, how many content events it had, whether it already ended.
 - ``unresumable`` says why a request cannot be continued (several choices, echo, structured
   output whose grammar would restart, a prompt that is not one text), or None.
 - ``continuation_body`` is the body for the next tier: a chat's messages plus the partial
@@ -25,15 +26,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.request.chunk import read_chunk
 from gateway.request.kind import Kind
+from gateway.request.sse import DONE, encode, ends_event, payload, payloads, split_events
 
-DONE = b"data: [DONE]\n\n"
 CUT = "its stream ended before its answer did (no finish_reason, no [DONE])"
 # What says an answer ended: a choice's finish_reason (a string, not null) or [DONE].
 _ENDED = re.compile(rb'"finish_reason":\s*"|\[DONE\]')
-# An event ends at a blank line, in any of SSE's three line endings (no one is part of another).
-_BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
-_BOUNDARY = re.compile(b"(" + b"|".join(re.escape(mark) for mark in _BOUNDARIES) + b")")
 # Request fields whose meaning does not survive a continuation: the grammar of structured
 # output starts again at the continuation's first token, echo would repeat the prompt.
 _STRUCTURED = (
@@ -45,14 +44,6 @@ _STRUCTURED = (
 )
 
 
-def complete_events(data: bytes) -> tuple[bytes, bytes]:
-    """``data`` split at its last event boundary: (the complete events, the rest)."""
-    if data.endswith(b"\n\n"):
-        return data, b""
-    cut = max(data.rfind(mark) + len(mark) if mark in data else 0 for mark in _BOUNDARIES)
-    return data[:cut], data[cut:]
-
-
 def ends_answer(events: bytes) -> bool:
     """Whether ``events`` say the answer ended: a finish_reason or ``[DONE]``. A tier stream
     that closes without either was cut (issue 35, item 7): not a whole answer."""
@@ -62,22 +53,6 @@ def ends_answer(events: bytes) -> bool:
     if not keys or keys == events.count(b'"finish_reason":null'):  # vLLM's, token by token
         return False
     return _ENDED.search(events) is not None
-
-
-def split_events(block: bytes) -> list[tuple[bytes, bytes]]:
-    """``block``'s events, each with the blank line that ended it, as sent (the last, when
-    unended, with ``b""``)."""
-    pieces = _BOUNDARY.split(block)  # event, its boundary, event, its boundary, ..., the rest
-    return list(zip(pieces[::2], [*pieces[1::2], b""], strict=True))
-
-
-def event_data(events: bytes) -> list[bytes]:
-    """The ``data:`` payloads of the complete events in ``events``, in order."""
-    found = []
-    for line in events.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n"):
-        if line.startswith(b"data:"):
-            found.append(line[5:].strip())
-    return found
 
 
 @dataclass(frozen=True)
@@ -97,23 +72,15 @@ class TierError:
 def split_error(events: bytes) -> tuple[bytes, TierError | None]:
     """``events`` up to a tier's own error event (vLLM sends one, then ``[DONE]``, when its
     engine fails mid-stream or the request turns out wrong), and that error; (``events``,
-    None) without one."""
+    None) without one. The events before it are kept as sent, in any framing."""
     if b'"error":' not in events:  # in a JSON string a quote is escaped: only a key matches
         return events, None
     kept: list[bytes] = []
     for block, end in split_events(events):
-        for data in event_data(block + b"\n\n"):
-            try:
-                event = json.loads(data)
-            except ValueError:
-                continue
-            if isinstance(event, dict) and "error" in event:
-                error = event["error"]
-                message = error.get("message") if isinstance(error, dict) else error
-                code = error.get("code") if isinstance(error, dict) else None
-                status = code if isinstance(code, int) and 100 <= code < 600 else None
-                raw = b"data: " + data + b"\n\n"
-                return b"".join(kept), TierError(str(message)[:200], status, raw)
+        data = payload(block)
+        error = read_chunk(data, chat=True).error if data is not None else None
+        if data is not None and error is not None:
+            return b"".join(kept), TierError(error.message, error.status, encode(data))
         if block:
             kept.append(block + end)
     return events, None
@@ -140,30 +107,27 @@ def read_sent(events: Iterable[bytes], chat: bool, before: Sent | None = None) -
     answer_id, created = before.id, before.created
     parts: list[str] = [before.text] if before.text else []
     count, finished = before.events, before.finished
-    for data in event_data(b"".join(events)):
-        if data == b"[DONE]":
+    for data in payloads(b"".join(events)):
+        chunk = read_chunk(data, chat)
+        if chunk.done:
             finished = True
             continue
-        try:
-            event = json.loads(data)
-        except ValueError:
-            return Sent(why_not="an event the tier sent is not JSON")
-        if not isinstance(event, dict):
-            return Sent(why_not="an event the tier sent is not a JSON object")
-        if "error" in event:
+        if chunk.problem is not None:
+            return Sent(why_not=f"an event the tier sent is {chunk.problem}")
+        if chunk.error is not None:
             return Sent(why_not="the tier sent an error event")
-        answer_id = answer_id or _str(event.get("id"))
-        created = created if created is not None else _int(event.get("created"))
-        for choice in event.get("choices") or []:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+        answer_id = answer_id or chunk.id
+        created = created if created is not None else chunk.created
+        for choice in chunk.choices:
+            if choice.index != 0:
                 return Sent(why_not="the answer has several choices")
-            text = _choice_text(choice, chat)
-            if text is None:
+            if choice.calls:
                 return Sent(why_not="the answer holds more than text (tool calls)")
+            text = choice.text
             parts.append(text)
-            if choice.get("finish_reason"):
+            if choice.finished:
                 finished = True
-            elif text or not _opening(choice, chat):
+            elif text or not choice.opening:
                 count += 1  # a token event (an empty one: a character still incomplete)
     return Sent(answer_id, created, "".join(parts), count, finished)
 
@@ -191,7 +155,7 @@ class SentEvents:
         self._blocks.append(block)
         self._size += len(block)
         self.done = self.done or b"[DONE]" in block
-        self.clean_end = block.endswith(b"\n\n")
+        self.clean_end = ends_event(block)
         if self._size > self.fold_bytes:
             self._folded = read_sent(self._blocks, self.chat, self._folded)
             self._blocks, self._size = [], 0
@@ -199,32 +163,6 @@ class SentEvents:
     def read(self) -> Sent:
         """Everything the client was sent, read."""
         return read_sent(self._blocks, self.chat, self._folded)
-
-
-def _choice_text(choice: Mapping[str, Any], chat: bool) -> str | None:
-    """A choice's text in one event ("" for none); None when it holds something else."""
-    if not chat:
-        text = choice.get("text")
-        return text if isinstance(text, str) else ""
-    delta = choice.get("delta") or {}
-    if not isinstance(delta, dict) or delta.get("tool_calls") or delta.get("function_call"):
-        return None
-    content = delta.get("content")
-    return content if isinstance(content, str) else ""
-
-
-def _opening(choice: Mapping[str, Any], chat: bool) -> bool:
-    """Whether a chat choice is the role-only delta that opens the answer."""
-    delta = choice.get("delta")
-    return chat and isinstance(delta, dict) and "role" in delta
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def unresumable(body: Mapping[str, Any], kind: Kind) -> str | None:
@@ -328,19 +266,17 @@ class Rewriter:
     def __call__(self, events: bytes) -> bytes:
         """Complete events in, the events to forward out (possibly none)."""
         out = []
-        for data in event_data(events):
-            rewritten = data if data == b"[DONE]" else self._event(data)
+        for data in payloads(events):
+            rewritten = self._event(data)
             if rewritten is not None:
-                out.append(b"data: " + rewritten + b"\n\n")
+                out.append(encode(rewritten))
         return b"".join(out)
 
     def _event(self, data: bytes) -> bytes | None:
-        try:
-            event = json.loads(data)
-        except ValueError:
+        chunk = read_chunk(data, self.chat)
+        if chunk.body is None or chunk.error is not None:  # [DONE], an error, not an object
             return data
-        if not isinstance(event, dict) or "error" in event:
-            return data
+        event = dict(chunk.body)
         if self.sent.id is not None:
             event["id"] = self.sent.id
         if self.sent.created is not None:

@@ -24,7 +24,6 @@ otherwise counts the events that carry choices (one token each in vLLM).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
 from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
+from gateway.request.chunk import read_chunk
 from gateway.request_log import RequestLog, RequestRecord
 from gateway.shared.state import SharedState
 from gateway.telemetry import (
@@ -299,30 +299,29 @@ class SSECounter:
         return self.failure or (200 if self.completed else 499)
 
     def feed(self, chunk: bytes) -> None:
-        end = chunk.rfind(b"\n")
+        """Relayed bytes, cut anywhere. Read line by line (SSE's CRLF, LF or CR), not event by
+        event: a line still going on keeps a bounded head, however large its event."""
+        cr = b"\r" in chunk  # vLLM ends lines with LF alone: the usual case, read by split
+        end = max(chunk.rfind(b"\n"), chunk.rfind(b"\r")) if cr else chunk.rfind(b"\n")
         if end < 0:  # a line still going on: its head is kept, bounded (a usage event is small)
             room = MAX_LINE - len(self._partial)
             if room > 0:
                 self._partial += chunk[:room]
             return
-        lines = (self._partial + chunk[:end]).split(b"\n")
+        text = self._partial + chunk[:end]  # what is kept never holds a line ending
+        lines = text.splitlines() if cr else text.split(b"\n")
         self._partial = chunk[end + 1 : end + 1 + MAX_LINE]
         for line in lines:
             if line.startswith(b"data:") and b'"choices"' in line:
                 self._event(line[5:].strip())
 
     def _event(self, data: bytes) -> None:
-        if b'"usage":{' in data.replace(b" ", b""):
-            try:
-                usage = json.loads(data).get("usage") or {}
-            except (ValueError, AttributeError):
-                usage = {}
-            if not isinstance(usage, dict):  # a tier's malformed usage: not counted
-                usage = {}
-            if isinstance(usage.get("completion_tokens"), int):
-                self.usage_tokens = usage["completion_tokens"]
-            if isinstance(usage.get("prompt_tokens"), int):
-                self.prompt_tokens = usage["prompt_tokens"]
+        if b'"usage":{' in data.replace(b" ", b""):  # a tier's malformed usage: not counted
+            prompt, completion = read_chunk(data, chat=True).usage_tokens
+            if completion is not None:
+                self.usage_tokens = completion
+            if prompt is not None:
+                self.prompt_tokens = prompt
         if b'"choices":[]' not in data.replace(b" ", b""):
             self.events += 1
 

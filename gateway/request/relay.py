@@ -40,9 +40,9 @@ from gateway.request.chain import NO_SERVER, open_chain
 from gateway.request.continuation import CUT, ends_answer, split_error
 from gateway.request.exchange import Exchange, SSECounter
 from gateway.request.resumable import relay_resumable, tier_error_event
-from gateway.request.sse_buffer import EventBuffer, event_too_large
+from gateway.request.sse import EventBuffer, ends_event
 from gateway.request.stream_usage import without_usage
-from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly
+from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly, event_too_large
 from gateway.serving import serving_state
 
 if TYPE_CHECKING:
@@ -205,7 +205,7 @@ async def relay_sse(
     except APIError as exc:
         if counter is not None:
             counter.failure = exc.status
-        separator = b"" if tail.endswith(b"\n\n") else b"\n\n"
+        separator = b"" if ends_event(tail) else b"\n\n"
         yield separator + sse_error_event(exc, full)
     finally:
         await aclose_quietly(response)

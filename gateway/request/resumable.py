@@ -1,13 +1,14 @@
 """Relaying a stream that can be continued on another tier (its request has a ``Resumer``).
 
 Unlike the plain relay (gateway/request/relay.py ``relay_sse``), only complete SSE events are
-forwarded, and they are kept (``SentEvents``: a long answer's older events folded into their
-text and counts, so its memory stays bounded by its text): when the tier fails (its
-connection breaks, or it sends an error event of its own, as vLLM does when its engine dies)
-or a watched tier's text degenerates (gateway/request/stream_watch.py), the failed response
-is closed first (the tier stops generating), then the ``Resumer`` (gateway/request/resume.py)
-opens the continuation on the next endpoint or tier, whose events are rewritten into the same
-answer (gateway/request/continuation.py). A tier stream that closes cleanly with neither a
+forwarded (gateway/request/sse.py ``EventBuffer``), and they are kept (``SentEvents``: a long
+answer's older events folded into their text and counts, so its memory stays bounded by its
+text): when the tier fails (its connection breaks, or it sends an error event of its own, as
+vLLM does when its engine dies) or a watched tier's text degenerates
+(gateway/request/stream_watch.py), the failed response is closed first (the tier stops
+generating), then the ``Resumer`` (gateway/request/resume.py) opens the continuation on the
+next endpoint or tier, whose events are rewritten into the same answer
+(gateway/request/continuation.py). A tier stream that closes cleanly with neither a
 finish_reason nor ``[DONE]`` was cut mid-answer and fails the same way; one with a finish_reason
 but no ``[DONE]`` is finished, and the client gets the ``[DONE]``. With nothing left to continue
 on, the stream ends as the plain relay ends it: what was held back, then one SSE error event.
@@ -24,19 +25,12 @@ import httpx
 
 from gateway.config import TierEndpoint
 from gateway.errors import APIError, sse_error_event, tier_error
-from gateway.request.continuation import (
-    CUT,
-    DONE,
-    SentEvents,
-    TierError,
-    ends_answer,
-    split_error,
-)
+from gateway.request.continuation import CUT, SentEvents, TierError, ends_answer, split_error
 from gateway.request.exchange import SSECounter
 from gateway.request.kind import Kind
-from gateway.request.sse_buffer import EventBuffer, event_too_large
+from gateway.request.sse import DONE, EventBuffer, ends_event
 from gateway.request.stream_watch import Degenerated, StreamWatch
-from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly
+from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly, event_too_large
 
 if TYPE_CHECKING:
     from gateway.request.resume import Resumer
@@ -104,7 +98,7 @@ async def relay_resumable(
                 resumer.watched(tier, degenerated=False)
             rest = (watch.flush() if watch is not None else b"") + (pending if not rewrite else b"")
             if not (sent.done or b"[DONE]" in rest):  # finished, only [DONE] missing: add it
-                rest += (b"" if not rest or rest.endswith(b"\n\n") else b"\n\n") + DONE
+                rest += (b"" if not rest or ends_event(rest) else b"\n\n") + DONE
             counter.feed(rest)  # held text, what followed the last event boundary, [DONE]
             yield rest
             counter.completed = True

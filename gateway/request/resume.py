@@ -25,7 +25,6 @@ from gateway.errors import APIError
 from gateway.policy.escalation import EscalationPolicy
 from gateway.request.chain import Asked, open_chain
 from gateway.request.continuation import (
-    DONE,
     Rewriter,
     SentEvents,
     continuation_body,
@@ -36,6 +35,7 @@ from gateway.request.continuation import (
 from gateway.request.exchange import Exchange
 from gateway.request.kind import Kind
 from gateway.request.prompt_count import ByteCounter, PromptCounter
+from gateway.request.sse import DONE
 from gateway.request.stream_watch import Degenerated, StreamWatch
 from gateway.request.upstream import Upstream, aclose_quietly
 

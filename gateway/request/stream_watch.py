@@ -15,11 +15,12 @@ sent text ends: nothing the client has is taken back or sent twice.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import SERVER_ERROR, APIError
-from gateway.request.continuation import event_data
+from gateway.request.chunk import read_chunk
 from gateway.request.degeneration import (
     LOOKBACK,
     ConfidenceCheck,
@@ -30,6 +31,7 @@ from gateway.request.degeneration import (
     find_loop,
     find_script_mix,
 )
+from gateway.request.sse import encode, payloads
 
 KEEP = 2 * LOOKBACK  # characters of the answer's tail kept for the checks (plus the holdback)
 
@@ -37,7 +39,7 @@ KEEP = 2 * LOOKBACK  # characters of the answer's tail kept for the checks (plus
 @dataclass
 class _Held:
     raw: bytes  # the event as it came
-    event: dict[str, Any] | None  # parsed, when it carries text
+    event: Mapping[str, Any] | None  # parsed, when it carries text
     start: int  # its text's span in the answer's text
     end: int
 
@@ -74,11 +76,11 @@ class StreamWatch:
     def feed(self, events: bytes) -> bytes:
         """Complete events in, the events that may go to the client now out."""
         ending = False
-        for data in event_data(events):
+        for data in payloads(events):
             event, text, last, logprobs = self._read(data)
             start = self.end
             self.text += text
-            self._held.append(_Held(b"data: " + data + b"\n\n", event, start, self.end))
+            self._held.append(_Held(encode(data), event, start, self.end))
             ending = ending or last
             verdict = self._check() if text else None
             if verdict is None and logprobs and self._confidence is not None:
@@ -104,23 +106,21 @@ class StreamWatch:
         if self._confidence is not None:
             self._confidence.clear()
 
-    def _read(self, data: bytes) -> tuple[dict[str, Any] | None, str, bool, list[float]]:
-        """(the event, its text, whether it ends the answer, its tokens' logprobs)."""
-        if data == b"[DONE]":
+    def _read(self, data: bytes) -> tuple[Mapping[str, Any] | None, str, bool, list[float]]:
+        """(the event, when it carries text; its text, whether it ends the answer, its tokens'
+        logprobs)."""
+        chunk = read_chunk(data, self.chat)
+        if chunk.done:
             return None, "", True, []
-        try:
-            event = json.loads(data)
-        except ValueError:
+        if chunk.body is None:
             return None, "", False, []
-        if not isinstance(event, dict):
-            return None, "", False, []
-        choices = event.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            return None, "", bool(event.get("usage")), []
+        choices = chunk.choices
+        if not choices or choices[0].body is None:
+            return None, "", bool(chunk.body.get("usage")), []
         choice = choices[0]
-        text = _text(choice, self.chat)
-        logprobs = _logprobs(choice, self.chat) if self._confidence is not None else []
-        return (event if text else None), text, bool(choice.get("finish_reason")), logprobs
+        logprobs = choice.logprobs if self._confidence is not None else []
+        text = choice.text
+        return (chunk.body if text else None), text, choice.finished, logprobs
 
     def _check(self) -> Degeneration | None:
         """A verdict on the text kept, its cut counted from the answer's start."""
@@ -166,31 +166,7 @@ class StreamWatch:
             choice["logprobs"] = _logprobs_within(choice["logprobs"], len(kept), self.chat)
         choice["finish_reason"] = None
         event["choices"] = [choice, *event["choices"][1:]]
-        return b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"
-
-
-def _text(choice: dict[str, Any], chat: bool) -> str:
-    if not chat:
-        text = choice.get("text")
-        return text if isinstance(text, str) else ""
-    delta = choice.get("delta")
-    content = delta.get("content") if isinstance(delta, dict) else None
-    return content if isinstance(content, str) else ""
-
-
-def _logprobs(choice: dict[str, Any], chat: bool) -> list[float]:
-    """The sampled tokens' logprobs an event's choice carries (none unless the client asked)."""
-    logprobs = choice.get("logprobs")
-    if not isinstance(logprobs, dict):
-        return []
-    if chat:
-        content = logprobs.get("content")
-        entries = content if isinstance(content, list) else []
-        values = [e.get("logprob") for e in entries if isinstance(e, dict)]
-    else:
-        listed = logprobs.get("token_logprobs")
-        values = listed if isinstance(listed, list) else []
-    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        return encode(json.dumps(event, ensure_ascii=False).encode())
 
 
 def _logprobs_within(logprobs: dict[str, Any], chars: int, chat: bool) -> dict[str, Any]:

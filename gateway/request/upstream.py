@@ -82,6 +82,11 @@ class UpstreamFailed(APIError):
         self.tier = tier
 
 
+def event_too_large(tier: TierEndpoint, limit: int) -> UpstreamFailed:
+    """The failure of a tier that sent one SSE event larger than ``limit`` bytes (unended)."""
+    return UpstreamFailed(tier.name, f"it sent an SSE event larger than max_answer_bytes ({limit})")
+
+
 class UpstreamTooLarge(UpstreamFailed):
     """The tier's answer is larger than the gateway holds of one answer (``max_answer_bytes``):
     a tier failure, its answer never buffered whole."""

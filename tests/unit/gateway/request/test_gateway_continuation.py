@@ -8,11 +8,9 @@ from typing import Any
 import pytest
 
 from gateway.request.continuation import (
-    DONE,
     Rewriter,
     Sent,
     SentEvents,
-    complete_events,
     continuation_body,
     ends_answer,
     length_ending,
@@ -22,6 +20,7 @@ from gateway.request.continuation import (
     used_up,
 )
 from gateway.request.kind import Kind
+from gateway.request.sse import DONE, complete_events
 
 CHAT, COMPLETIONS = Kind.CHAT, Kind.COMPLETIONS
 
@@ -56,6 +55,16 @@ def test_split_error_keeps_every_event_before_the_error_in_any_framing(end: byte
     assert kept == content + comment  # nothing before the error is lost, framing as sent
     assert found is not None and found.message == "engine died" and found.status == 500
     assert split_error(content + done) == (content + done, None)
+
+
+def test_split_error_keeps_the_content_event_of_a_crlf_block() -> None:
+    """Issue 34's loss: split on ``\\n\\n`` only, a CRLF block was one event, and the content
+    before the error event went with it (``(b"", error)``)."""
+    content = chat_chunk("Paris").replace(b"\n\n", b"\r\n\r\n")
+    error = b'data: {"error": {"message": "engine died", "code": 500}}\r\n\r\n'
+    kept, found = split_error(content + error)
+    assert kept == content and found is not None and found.status == 500
+    assert found.event == b'data: {"error": {"message": "engine died", "code": 500}}\n\n'
 
 
 def test_read_sent_joins_the_text_and_keeps_the_answers_identity() -> None:

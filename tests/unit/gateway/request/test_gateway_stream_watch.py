@@ -9,7 +9,9 @@ from typing import Any
 import httpx
 
 from gateway.config import hash_key
+from gateway.request.chunk import read_chunk
 from gateway.request.degeneration import LoopCheck, ScriptCheck
+from gateway.request.sse import payloads
 from gateway.request.stream_watch import KEEP, StreamWatch
 
 MODEL = "stub-model"
@@ -22,11 +24,8 @@ def chunk(text: str, finish: str | None = None) -> bytes:
 
 
 def texts(events: bytes) -> str:
-    out = []
-    for line in events.split(b"\n\n"):
-        if line.startswith(b"data: {"):
-            out.append(json.loads(line[6:])["choices"][0]["delta"].get("content") or "")
-    return "".join(out)
+    chunks = [read_chunk(data, chat=True) for data in payloads(events)]
+    return "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
 
 
 def watch(holdback: int = 10) -> StreamWatch:
@@ -64,7 +63,7 @@ def test_a_shortened_event_keeps_the_logprobs_of_the_tokens_it_keeps_only() -> N
     w = watch(holdback=40)
     out = w.feed(b"data: " + json.dumps({"id": "a", "choices": [choice]}).encode() + b"\n\n")
     assert texts(out) == "Ok ab" and w.verdict is not None
-    kept = json.loads(out.split(b"\n\n")[0][6:])["choices"][0]["logprobs"]["content"]
+    kept = json.loads(payloads(out)[0])["choices"][0]["logprobs"]["content"]
     assert [entry["token"] for entry in kept] == ["Ok", " ", "ab"]
 
 
@@ -79,7 +78,7 @@ def test_a_shortened_completion_event_keeps_its_lists_in_step() -> None:
     choice = {"index": 0, "text": "".join(tokens), "logprobs": logprobs, "finish_reason": None}
     w = StreamWatch(LoopCheck(8, 4, 12), ScriptCheck(16, 2), 40, chat=False)
     out = w.feed(b"data: " + json.dumps({"id": "a", "choices": [choice]}).encode() + b"\n\n")
-    event = json.loads(out.split(b"\n\n")[0][6:])["choices"][0]
+    event = json.loads(payloads(out)[0])["choices"][0]
     assert event["text"] == "Ok ab"
     assert event["logprobs"] == {
         "tokens": ["Ok", " ", "ab"],
