@@ -55,7 +55,7 @@ MIN_INTERVAL = 6  # samples below which a median has no interval
 Z95 = 1.959964
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Answered:
     """One finished answer as the exchange saw it (seconds from the request's arrival)."""
 
@@ -72,7 +72,7 @@ class Answered:
     endpoint: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sample:
     """An answer that counts, normalised (see the module docstring)."""
 

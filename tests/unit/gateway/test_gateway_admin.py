@@ -91,3 +91,25 @@ def test_admin_routes_shows_routes_figures_and_changes(
     first = _samples(metrics, "gateway_route_first_tier")
     assert first[(("class", "tolerant"), ("tier", "t1"))] == 1.0
     assert (("class", "tolerant"), ("tier", "t0")) not in first
+
+
+def test_admin_routes_without_a_policy_file_shows_the_configured_order(
+    make_stub: Callable[[], StubTier],
+    start_server: Callable[..., str],
+    client: httpx.Client,
+) -> None:
+    stub = make_stub()
+    config = GatewayConfig(
+        model_name=MODEL,
+        tiers=[TierEndpoint(name="t0", base_url=stub.url)],
+        metrics_interval=3600.0,
+        admin_key_hashes=[hash_key("admin-key")],
+    )
+    gateway = start_server(create_app(config), **server_options(config))
+    doc = client.get(f"{gateway}/admin/routes", headers=ADMIN).json()
+    assert {c["how"] for c in doc["classes"].values()} == {"pinned"}
+    assert doc["classes"]["tolerant"] == {
+        "tiers": ["t0"], "overflow": [], "reasons": {}, "how": "pinned", "pin": None,
+        "last_change": None,
+    }  # fmt: skip
+    assert doc["history"] == [] and doc["tiers"] == {}

@@ -71,3 +71,12 @@ def test_the_document_shows_each_class_how_and_why_and_each_tiers_figures() -> N
     assert doc["tiers"]["gone"] == {"calibration": None, "live": {"n": 1}}
     assert doc["tiers"]["fp16"]["live"] is None
     assert len(doc["history"]) == 1 and doc["live_window"] == {"answers": 512}
+
+
+def test_a_derived_route_without_usable_figures_shows_as_written() -> None:
+    policy = parse_policy(POLICY, "routing.yaml", ["fp16", "int4"])
+    derived = {"tolerant": DerivedChain("tolerant", ("int4", "fp16"), {"*": "no"}, as_written=True)}
+    doc = routes_document(policy, derived, {}, None, None, {}, {})
+    assert doc["classes"]["tolerant"]["how"] == "as written"
+    assert doc["classes"]["code"]["pin"] is None  # pinned, but nothing measured to compare
+    assert doc["history"] == [] and doc["tiers"] == {} and doc["reference"] is None
