@@ -4,6 +4,10 @@
   edit's error (a bad edit never replaces a good policy).
 - ``POST /admin/policy/reload``: read the policy file now (off the event loop); answers the
   outcome.
+- ``GET /admin/routes``: each class's route now, how it came to be (derived, as written,
+  pinned and what the measurements say of the pin), the derivation's reasons, its last change
+  and why; each tier's calibration figures beside its live figures; the route change history
+  (gateway/policy/routes_view.py).
 - ``GET /admin/tiers``: each tier's state, last scrape, load and in-flight count (all replicas).
 - ``GET /admin/resets``: the reset schedule, the leader, the reset under way and the history.
 - ``POST /admin/resets/{tier}``: reset a tier now (queued for the leading replica; the safety
@@ -19,6 +23,8 @@ from starlette.routing import Route
 
 from gateway.control.resets import ResetCoordinator
 from gateway.errors import APIError
+from gateway.measured import tier_figures
+from gateway.policy.routes_view import routes_document
 from gateway.policy.store import PolicyStore
 from gateway.runtime import get_runtime
 
@@ -41,6 +47,27 @@ async def policy_reload(request: Request) -> Response:
     outcome = await store.reload_in_thread()
     get_runtime(request).metrics.policy_reload(outcome)
     return JSONResponse({"outcome": outcome, **store.status()})
+
+
+async def routes(request: Request) -> Response:
+    runtime = get_runtime(request)
+    config, active = runtime.config, runtime.policies.active
+    store = runtime.policies if isinstance(runtime.policies, PolicyStore) else None
+    if store is not None:
+        figures, reference = store.measured, store.reference
+    else:  # no policy file: the configured order, the figures only shown
+        admitted = {t.name: t.classes for t in config.tiers}
+        figures, reference = tier_figures(config.measured, admitted), config.reference_tier
+    document = routes_document(
+        active.policy,
+        active.derived,
+        figures,
+        reference,
+        store.history if store is not None else None,
+        runtime.live.summary(),
+        runtime.live.describe_window(),
+    )
+    return JSONResponse(document)
 
 
 async def tiers(request: Request) -> Response:
@@ -92,6 +119,7 @@ def admin_routes() -> list[Route]:
     return [
         Route("/admin/policy", policy_status, methods=["GET"]),
         Route("/admin/policy/reload", policy_reload, methods=["POST"]),
+        Route("/admin/routes", routes, methods=["GET"]),
         Route("/admin/tiers", tiers, methods=["GET"]),
         Route("/admin/tiers/{tier}/restore", restore_tier, methods=["POST"]),
         Route("/admin/resets", resets, methods=["GET"]),

@@ -10,7 +10,7 @@ no bad value or bug in one of them can end the lifespan (and with it the runtime
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 
@@ -41,6 +41,7 @@ from gateway.measured import tier_figures
 from gateway.metrics import GatewayMetrics
 from gateway.openapi import openapi_document
 from gateway.policy.derive import TierFigures
+from gateway.policy.route_changes import RouteChange, first_tiers
 from gateway.policy.store import ActivePolicy, PolicyStore
 from gateway.request.aiohttp_transport import AiohttpTransport
 from gateway.request.classify import CompiledClasses
@@ -119,6 +120,7 @@ def create_app(
                 shadow=ShadowSampler(upstream, board, metrics, tracer, encoder(counter)),
                 request_log=RequestLog(config.request_log_sample),
             )
+            count_route_changes(policies, metrics)
             ttl = policies.active.policy.resets.lock_ttl_seconds
             # A call on the lock may take a tenth of the lease (it renews every third): off the
             # request path, a loaded machine's pause past 0.5 s must not end a reset midway
@@ -228,6 +230,18 @@ def load_policies(config: GatewayConfig) -> PolicySource:
     )
     store.load()
     return store
+
+
+def count_route_changes(policies: PolicySource, metrics: GatewayMetrics) -> None:
+    """The routes' first tiers in the metrics now, and each later route change counted."""
+    metrics.routes_changed((), first_tiers(policies.active.policy))
+    if isinstance(policies, PolicyStore):
+        store = policies
+
+        def changed(changes: Sequence[RouteChange]) -> None:
+            metrics.routes_changed([c.cls for c in changes], first_tiers(store.active.policy))
+
+        store.on_change = changed
 
 
 def measured_figures(config: GatewayConfig) -> dict[str, TierFigures]:

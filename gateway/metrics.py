@@ -18,7 +18,7 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
@@ -156,6 +156,19 @@ class GatewayMetrics:
             ["tier", "class"],
             registry=reg,
         )
+        self.route_changes = Counter(
+            "gateway_route_changes_total",
+            "Times a class's route (its tiers, in order) changed: a policy applied with other "
+            "tiers, or a derivation from new figures that moved them.",
+            ["class"],
+            registry=reg,
+        )
+        self.route_first_tier = Gauge(
+            "gateway_route_first_tier",
+            "1 for each class's first tier now (one series per class).",
+            ["class", "tier"],
+            registry=reg,
+        )
         self.background_errors = Counter(
             "gateway_background_errors_total",
             "Exceptions that ended a background loop (started again), by loop.",
@@ -219,6 +232,15 @@ class GatewayMetrics:
         if outcome not in RELOAD_OUTCOMES:
             raise ValueError(f"unknown policy reload outcome {outcome!r}")
         self.reloads.labels(outcome).inc()
+
+    def routes_changed(self, classes: Iterable[str], first_tiers: Mapping[str, str]) -> None:
+        """Count a route change per class in ``classes``; ``first_tiers``: every class's first
+        tier now (the gauge keeps only these)."""
+        for cls in classes:
+            self.route_changes.labels(cls).inc()
+        self.route_first_tier.clear()
+        for cls, tier in first_tiers.items():
+            self.route_first_tier.labels(cls, tier).set(1)
 
     def reset(self, tier: str, outcome: str, seconds: float) -> None:
         """One reset of ``tier`` ended with ``outcome`` after ``seconds`` out of routing."""

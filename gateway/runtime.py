@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from opentelemetry.trace import Tracer
@@ -11,6 +11,7 @@ from starlette.requests import Request
 
 from common.class_categories import CLASS_NAMES
 from gateway.config import GatewayConfig
+from gateway.control.live_figures import LiveFigures
 from gateway.control.shadow import ShadowSampler
 from gateway.control.tier_memory import TierMemory
 from gateway.control.tier_status import TierBoard
@@ -78,6 +79,7 @@ class Runtime:
     memory: TierMemory
     shadow: ShadowSampler
     request_log: RequestLog | None = None
+    live: LiveFigures = field(default_factory=LiveFigures)  # answers' figures, per tier
 
 
 def get_runtime(request: Request) -> Runtime:

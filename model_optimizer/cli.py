@@ -25,6 +25,7 @@ from measure.vllm_client import EndpointError
 from model_optimizer import __version__
 from model_optimizer import classifier as classifier_command
 from model_optimizer import deploy as deploy_command
+from model_optimizer import routes as routes_command
 from model_optimizer.models import AlreadyReported, ModelError
 from model_optimizer.optimize import run_check, run_optimize
 from model_optimizer.serving_check import admission_probes, check_tiers
@@ -113,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     eval_cli.add_parser(sub)  # `eval` and `eval routing FILE`
     classifier_command.add_parser(sub)  # `classifier train` and `classifier evaluate`
     deploy_command.add_parser(sub)  # `deploy kubernetes`
+    routes_command.add_parser(sub)  # `routes`: a running gateway's /admin/routes
     return parser
 
 
@@ -304,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         return classifier_command.run(args)
     if args.command == "deploy":
         return deploy_command.run(args)
+    if args.command == "routes":
+        return routes_command.run(args)
     try:
         return _up(args)
     except AlreadyReported as exc:

@@ -24,6 +24,8 @@
   by rename or symlink swap, which a watch on the file itself would lose) and reloads after
   each change to the file, debounced; it ends when ``stop_event`` is set or it is cancelled.
 - ``status()`` is what ``GET /admin/policy`` shows.
+- ``history`` keeps each applied policy's route changes (gateway/policy/route_changes.py:
+  logged, a span event, ``on_change`` for the metrics), shown by ``GET /admin/routes``.
 
 ``known_tiers`` is checked by ``gateway.policy.schema.parse_policy``, the code path of
 ``model-optimizer policy check`` too.
@@ -37,7 +39,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -45,6 +46,14 @@ from watchfiles import Change, awatch
 
 from common.operator_yaml import read_bytes
 from gateway.policy.derive import DerivedChain, TierFigures, derive_routes
+from gateway.policy.route_changes import (
+    RouteChange,
+    RouteHistory,
+    iso,
+    report,
+    route_changes,
+    served_routes,
+)
 from gateway.policy.schema import PolicyError, RoutingPolicy, parse_policy
 from gateway.request.classify import CompiledClasses
 
@@ -100,6 +109,10 @@ class PolicyStore:
         self._active: ActivePolicy | None = None
         self.last_error: str | None = None
         self.last_error_at: float | None = None
+        # Each applied policy's route changes (gateway/policy/route_changes.py); ``on_change``
+        # gets the changes of a policy applied after the first (the app counts them).
+        self.history = RouteHistory()
+        self.on_change: Callable[[Sequence[RouteChange]], None] | None = None
 
     @property
     def active(self) -> ActivePolicy:
@@ -159,9 +172,9 @@ class PolicyStore:
         return {
             "path": str(self.path),
             "digest": active.digest,
-            "loaded_at": _iso(active.loaded_at),
+            "loaded_at": iso(active.loaded_at),
             "last_error": self.last_error,
-            "last_error_at": _iso(self.last_error_at) if self.last_error_at is not None else None,
+            "last_error_at": iso(self.last_error_at) if self.last_error_at is not None else None,
             "policy": active.policy.model_dump(mode="json"),
             "derived_routes": {
                 cls: {
@@ -220,9 +233,15 @@ class PolicyStore:
         return ActivePolicy(policy, rules, digest, self._clock(), str(self.path), derived)
 
     def _apply(self, new: ActivePolicy) -> None:
+        old = served_routes(self._active.policy) if self._active is not None else None
         self._active = new  # one assignment: the swap
         self.last_error = self.last_error_at = None
         logger.info("routing policy %s applied (sha256 %s)", self.path, new.digest[:12])
+        changes = route_changes(
+            old, served_routes(new.policy), new.derived, new.digest, new.loaded_at
+        )
+        self.history.extend(changes)
+        report(changes, self.on_change)
 
     def _reject(self, message: str, serving: ActivePolicy) -> None:
         repeated = message == self.last_error
@@ -257,12 +276,6 @@ class _Stop:
 
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _iso(timestamp: float) -> str:
-    """ISO 8601 UTC, e.g. ``2025-01-31T12:00:00.000Z``."""
-    moment = datetime.fromtimestamp(timestamp, tz=UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _notify(on_reload: Callable[[str], None], outcome: str) -> None:

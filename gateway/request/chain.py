@@ -83,6 +83,7 @@ async def open_chain(
                 failures.append(f"{where} answered 503")
                 exchange.fell_back(tier.name, "503")
                 continue
+            exchange.endpoint = tier.base_url
             return tier, response
     await exchange.release()
     raise APIError(

@@ -16,8 +16,9 @@ starts (``child``) are its own. It is finished once, in ``_finish``, when its an
 Finishing records the Prometheus series (gateway/metrics.py), ends the children, sets the
 request span's attributes (gateway/telemetry.py; the outcome as ``gateway.response.status_code``,
 which differs from the HTTP status when a stream fails or its client leaves), ends that span if
-it is its own, releases the tier's in-flight slot in the shared state (gateway/shared/state.py)
-and calls ``on_finish`` (the admission slot).
+it is its own, hands the answer to ``observer`` (the live figures,
+gateway/control/live_figures.py), releases the tier's in-flight slot in the shared state
+(gateway/shared/state.py) and calls ``on_finish`` (the admission slot).
 ``SSECounter`` watches a relayed stream for the usage object vLLM sends when asked, and
 otherwise counts the events that carry choices (one token each in vLLM).
 """
@@ -34,6 +35,7 @@ import anyio
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
+from gateway.control.live_figures import Answered
 from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
 from gateway.request.chunk import read_chunk
@@ -71,6 +73,7 @@ class Exchange:
         clock: Callable[[], float] = time.perf_counter,
         log: RequestLog | None = None,
         span: Span | None = None,
+        observer: Callable[[Answered], None] | None = None,
     ) -> None:
         self.metrics, self.shared, self.clock, self.log = metrics, shared, clock, log
         self.path = path
@@ -89,6 +92,11 @@ class Exchange:
         self.output_tokens: int | None = None
         self.ttft: float | None = None
         self.fallbacks = 0
+        # For the live figures (``observer``, gateway/control/live_figures.py): when and how
+        # often it was sent to a tier, that tier's load then, the endpoint that answered.
+        self.observer = observer
+        self.acquisitions, self.sent, self.load = 0, 0.0, 0
+        self.endpoint: str | None = None
         self.holds_slot = False
         self.on_finish = on_finish
         self.status: int = 500  # the outcome until one is recorded
@@ -129,10 +137,13 @@ class Exchange:
         """The request is now in flight on ``tier``."""
         await self.release()
         self.tier = tier
+        self.acquisitions += 1
+        self.sent = self.clock() - self.started
         # Held before the await: begin() counts locally first, so a cancellation during its
         # Redis write must still release the slot.
         self.holds_slot = True
         await self.shared.begin(tier)
+        self.load = self.shared.local_in_flight(tier)
 
     async def release(self) -> None:
         if self.holds_slot:
@@ -229,6 +240,8 @@ class Exchange:
                 child.end()
             if self.owns_span:
                 self.span.end()
+            if self.observer is not None and self.acquisitions:
+                self.observer(self._answered(duration))
         finally:
             # Last, whatever the bookkeeping did: the only step that may wait (a Redis write
             # when shared_flush_interval is 0), so the metrics and spans above are recorded
@@ -237,6 +250,12 @@ class Exchange:
                 # shielded: it may run in a scope the client's leaving cancels
                 with anyio.CancelScope(shield=True):
                     await self.release()
+
+    def _answered(self, duration: float) -> Answered:
+        return Answered(
+            self.tier, self.status, duration, self.ttft, self.sent, self.input_tokens,
+            self.output_tokens, self.load, self.acquisitions, self.fallbacks, self.endpoint,
+        )  # fmt: skip
 
     def _record(self, duration: float) -> RequestRecord:
         return RequestRecord(

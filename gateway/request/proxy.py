@@ -75,6 +75,7 @@ async def _relay_completion(request: Request, kind: Kind) -> Response:
         kind.path,
         log=runtime.request_log,
         span=server_span if server_span.get_span_context().is_valid else None,
+        observer=runtime.live.observe,
     )
     async with exchange:  # leaving it finishes the exchange, unless a stream now owns it
         with _current(exchange):

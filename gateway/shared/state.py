@@ -234,6 +234,10 @@ class SharedState:
         self._local.inflight[tier] = max(0, self._local.inflight.get(tier, 0) - 1)
         await self._changed()
 
+    def local_in_flight(self, tier: str) -> int:
+        """This replica's requests in flight on ``tier`` now (no I/O)."""
+        return self._local.inflight.get(tier, 0)
+
     async def _changed(self) -> None:
         """Write the snapshot now (``flush_delay`` 0), or have it written within the delay."""
         if not self._shared:

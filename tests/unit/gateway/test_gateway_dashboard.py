@@ -76,6 +76,8 @@ def test_every_dashboard_query_names_an_exported_series(
         "gateway_shadow_deviations_total",
         "gateway_shadow_agreement_bucket",
         "gateway_kv_resets_total",
+        "gateway_route_changes_total",
+        "gateway_route_first_tier",
     ):
         assert required in queried, required
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
