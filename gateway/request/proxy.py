@@ -39,7 +39,7 @@ from gateway.request.kind import Kind
 from gateway.request.plan import assess, plan_route, route_headers
 from gateway.request.prompt_count import count_prompt
 from gateway.request.relay import UpstreamStreamingResponse, unless_client_leaves, whole_response
-from gateway.request.resume import stream_resumer
+from gateway.request.resume import stream_resumer, use_tier_count
 from gateway.request.stream_usage import asking_usage
 from gateway.request.upstream import UpstreamFailed, aclose_quietly
 from gateway.request.whole import assembled_answer
@@ -210,8 +210,7 @@ async def _completion(
         except APIError as exc:
             exc.headers.update(answer_headers)
             raise
-        if prompt_tokens:  # the tier's own count: nothing left to count
-            exchange.input_tokens, exchange.count_input = prompt_tokens, None
+        use_tier_count(exchange, prompt_tokens, None)
         exchange.set_outcome(response.status_code)
         answer = whole_response(tier, response, raw, answer_headers, full, exchange)
         if response.status_code == 200:

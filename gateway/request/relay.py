@@ -40,6 +40,7 @@ from gateway.request.chain import NO_SERVER, open_chain
 from gateway.request.continuation import CUT, ends_answer, split_error
 from gateway.request.exchange import Exchange, SSECounter
 from gateway.request.resumable import relay_resumable, tier_error_event
+from gateway.request.resume import use_tier_count
 from gateway.request.sse import EventBuffer, ends_event
 from gateway.request.stream_usage import without_usage
 from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly, event_too_large
@@ -293,12 +294,9 @@ class UpstreamStreamingResponse(StreamingResponse):
                 await self._chunks.aclose()
                 await aclose_quietly(self._upstream_response)
                 if self._exchange is not None:
-                    counter, resumer = self._counter, self._resumer
-                    # The prompt as one tier counted it; after a continuation the gateway counts
-                    # it itself (the usage then sums two tiers' less an estimate).
-                    resumed = resumer is not None and resumer.resumed
-                    prompt = None if resumed else counter.prompt_tokens
-                    await self._exchange.stream_ended(counter.status, counter.tokens, prompt)
+                    counter = self._counter
+                    use_tier_count(self._exchange, counter.prompt_tokens, self._resumer)
+                    await self._exchange.stream_ended(counter.status, counter.tokens)
 
     async def _end_for_shutdown(self, send: Send, started: bool) -> None:
         """End the stream with the shutdown's error event and [DONE], within ``_FLUSH``

@@ -187,6 +187,15 @@ class Resumer:
             self.exchange.resumed(failed.name, to, generated, error.code or "error")
 
 
+def use_tier_count(exchange: Exchange, prompt_tokens: int | None, resumer: Resumer | None) -> None:
+    """Take the answering tier's count of the prompt (its answer's usage) as the request's,
+    unless the answer was continued or ended by the gateway (``resumer.resumed``: its usage is
+    then the gateway's sum, or its own count): the gateway then counts the prompt itself when
+    the exchange finishes. Nothing to take without a count."""
+    if prompt_tokens and (resumer is None or not resumer.resumed):
+        exchange.input_tokens, exchange.count_input = prompt_tokens, None
+
+
 def stream_resumer(
     upstream: Upstream,
     chain: Chain,

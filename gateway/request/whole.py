@@ -17,7 +17,7 @@ from gateway.request.exchange import Exchange, SSECounter
 from gateway.request.kind import Kind
 from gateway.request.relay import WholeAnswer, relay_sse
 from gateway.request.resumable import relay_resumable
-from gateway.request.resume import Resumer
+from gateway.request.resume import Resumer, use_tier_count
 from gateway.request.upstream import Upstream
 
 CONTINUED_HEADER = "x-route-continued"
@@ -50,9 +50,7 @@ async def assembled_answer(
             prompt_tokens, exchange.output_tokens = answer_usage(answer.body)
         except MalformedAnswer:  # a usage event that was not an object: no count
             prompt_tokens = None
-        resumed = resumer is not None and resumer.resumed  # then the usage is the gateway's sum
-        if prompt_tokens and not resumed:  # the tier's own count: nothing left to count
-            exchange.input_tokens, exchange.count_input = prompt_tokens, None
+        use_tier_count(exchange, prompt_tokens, resumer)
     exchange.set_outcome(answer.status)
     sent_headers = dict(headers)
     continued = resumer.continued_on if resumer is not None else []
