@@ -38,10 +38,15 @@ from gateway.request.fields import screen_fields
 from gateway.request.kind import Kind
 from gateway.request.plan import assess, plan_route, route_headers
 from gateway.request.prompt_count import count_prompt
-from gateway.request.relay import UpstreamStreamingResponse, unless_client_leaves, whole_response
+from gateway.request.relay import (
+    Reply,
+    UpstreamStreamingResponse,
+    unless_client_leaves,
+    whole_response,
+)
 from gateway.request.resume import stream_resumer, use_tier_count
 from gateway.request.stream_usage import asking_usage
-from gateway.request.upstream import UpstreamFailed, aclose_quietly
+from gateway.request.upstream import Opened, UpstreamFailed, aclose_quietly
 from gateway.request.whole import assembled_answer
 from gateway.runtime import Runtime, get_runtime
 from gateway.telemetry import inject_trace_headers
@@ -169,6 +174,10 @@ async def _completion(
         # Addresses only to clients told everything; others get the endpoint's stable id
         # (/admin/tiers lists both).
         answer_headers[ENDPOINT_HEADER] = tier.base_url if full else endpoint_id(tier.base_url)
+        opened, reply = (
+            Opened(runtime.upstream, tier, response),
+            Reply(answer_headers, exchange, full),
+        )
         link = exchange.span.get_span_context()  # shadow comparisons link to the request
         shadow = ShadowJob(
             tier.name,
@@ -186,16 +195,11 @@ async def _completion(
                 partial(guard_escalations, runtime, plan.cls, asker(request)),
             )  # fmt: skip
             if assembling:  # a whole answer: one tier's alone is offered to shadow sampling
-                raw, answer = await assembled_answer(
-                    runtime.upstream, tier, response, resumer, answer_headers, exchange, full, kind
-                )
+                raw, answer = await assembled_answer(opened, resumer, reply, kind)
                 return answer, dataclasses.replace(shadow, answer=raw) if raw else None
             # From here on the streaming response owns the upstream and finishes the exchange;
             # its shadow job (no answer) is counted as dropped (streaming) when drawn.
-            stream = UpstreamStreamingResponse(
-                runtime.upstream, tier, response, answer_headers, exchange, full, resumer,
-                usage_asked=usage_asked,
-            )  # fmt: skip
+            stream = UpstreamStreamingResponse(opened, reply, resumer, usage_asked)
             return stream, shadow
         try:
             raw = await runtime.upstream.read(tier, response)
@@ -212,7 +216,7 @@ async def _completion(
             raise
         use_tier_count(exchange, prompt_tokens, None)
         exchange.set_outcome(response.status_code)
-        answer = whole_response(tier, response, raw, answer_headers, full, exchange)
+        answer = whole_response(tier, response, raw, reply)
         if response.status_code == 200:
             return answer, dataclasses.replace(shadow, answer=raw)
         return answer, None

@@ -6,6 +6,7 @@ import functools
 import json
 import logging
 from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -312,3 +313,14 @@ class Upstream:
             return bytes(body)
         finally:
             await aclose_quietly(response)
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A request opened on a tier's endpoint (gateway/request/chain.py ``open_chain``): the
+    upstream that reads it, the endpoint that answered and its response, which travel
+    together to whatever relays or reads the answer."""
+
+    upstream: Upstream
+    tier: TierEndpoint
+    response: httpx.Response
