@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +22,8 @@ import httpx
 
 from gateway.config import TierEndpoint
 from gateway.errors import APIError
-from gateway.policy.escalation import EscalationPolicy
-from gateway.request.chain import Asked, open_chain
+from gateway.request.chain import open_chain
+from gateway.request.completion import CompletionRequest
 from gateway.request.continuation import (
     Rewriter,
     SentEvents,
@@ -34,7 +34,7 @@ from gateway.request.continuation import (
 )
 from gateway.request.exchange import Exchange
 from gateway.request.kind import Kind
-from gateway.request.prompt_count import ByteCounter, PromptCounter
+from gateway.request.prompt_count import ByteCounter
 from gateway.request.sse import DONE
 from gateway.request.stream_watch import Degenerated, StreamWatch
 from gateway.request.upstream import Upstream, aclose_quietly
@@ -69,14 +69,16 @@ class Resumer:
     def __init__(
         self,
         upstream: Upstream,
-        chain: Chain,
-        asked: Asked,
+        request: CompletionRequest,
         exchange: Exchange,
-        counter: PromptCounter,
-        escalation: EscalationPolicy | None = None,
         on_watched: Callable[[str, bool], None] | None = None,
     ) -> None:
-        self.upstream, self.chain, self.asked, self.exchange = upstream, chain, asked, exchange
+        """``request``: its chain, what each tier is asked, the counter of a resent text and
+        the escalation policy."""
+        self.upstream, self.exchange = upstream, exchange
+        self.chain: Chain = request.chain
+        self.asked = asked = request.asked
+        counter, escalation = request.counter, request.escalation
         self.count_text = counter.count_text
         self.exact = not isinstance(counter, ByteCounter)  # a tokenizer's count, not a bound
         self.escalation = escalation
@@ -198,16 +200,12 @@ def use_tier_count(exchange: Exchange, prompt_tokens: int | None, resumer: Resum
 
 def stream_resumer(
     upstream: Upstream,
-    chain: Chain,
-    asked: Asked,
-    body: Mapping[str, Any],
+    request: CompletionRequest,
     exchange: Exchange,
-    counter: PromptCounter,
-    escalation: EscalationPolicy | None = None,
     on_watched: Callable[[str, bool], None] | None = None,
 ) -> Resumer | None:
-    """The resumer of a streamed request (``body`` as the client sent it, asked as a stream),
-    or None when its answer could not be continued."""
-    if unresumable(body, asked.kind) is not None:
+    """The resumer of a streamed request (its tiers asked a stream), or None when its answer
+    could not be continued."""
+    if unresumable(request.tier_body, request.kind) is not None:
         return None
-    return Resumer(upstream, chain, asked, exchange, counter, escalation, on_watched)
+    return Resumer(upstream, request, exchange, on_watched)
