@@ -34,7 +34,7 @@ from gateway.policy.schema import RoutingPolicy
 from gateway.policy.store import ActivePolicy
 from gateway.request.answer_usage import MalformedAnswer, answer_usage
 from gateway.request.body import check_model, parse_json_object, read_body, wants_stream
-from gateway.request.chain import NO_SERVER, Asked, open_chain
+from gateway.request.chain import NO_SERVER, open_chain
 from gateway.request.completion import CompletionRequest, tier_body
 from gateway.request.endpoint_choice import Saturation, endpoint_id, session_key
 from gateway.request.exchange import Exchange
@@ -182,13 +182,9 @@ def _decide(
     # complete: giving up would generate it again on the next tier, so read_timeout bounds it.
     streamed = wants_stream(sent)  # the tier is asked for a stream
     first_byte = policy.timeouts.first_byte_seconds if streamed else float("inf")
-    asked = Asked(
-        kind, headers, lambda name: plan.body_for(name, sent), plan.max_tokens_field,
-        runtime.config.model_name, plan.cls, first_byte,
-    )  # fmt: skip
     decided = CompletionRequest(
-        body, plan, chain, asked, sent, streamed, assembling, usage_asked, full, asker(request),
-        runtime.counter, policy.escalation,
+        kind, body, plan, chain, headers, sent, streamed, first_byte, assembling, usage_asked,
+        full, asker(request), runtime.config.model_name, runtime.counter, policy.escalation,
     )  # fmt: skip
     return decided, upstream_span
 
@@ -216,7 +212,7 @@ async def _open(
     client is answered: the ``x-route-*`` headers (on a failure to open too)."""
     plan, full = decided.plan, decided.full
     try:
-        tier, response = await open_chain(runtime.upstream, decided.chain, decided.asked, exchange)
+        tier, response = await open_chain(runtime.upstream, decided.chain, decided, exchange)
     except APIError as exc:
         exc.headers.update(route_headers(plan.cls, None, plan.reason))
         raise

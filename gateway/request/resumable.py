@@ -47,7 +47,7 @@ async def relay_resumable(
     """Yield the answer's complete events, continuing it on another tier when its own fails
     (see the module docstring)."""
     upstream, tier, response = opened.upstream, opened.tier, opened.response
-    sent = SentEvents(resumer.asked.kind is Kind.CHAT)  # what the client was sent
+    sent = SentEvents(resumer.request.kind is Kind.CHAT)  # what the client was sent
     rewrite: Callable[[bytes], bytes] | None = None
     preface = b""  # what goes before a continuation's events (the SSE comment saying so)
     while True:
