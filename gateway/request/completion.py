@@ -12,8 +12,7 @@ and shadow sampling read it; none decides any of it again.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.config import TierEndpoint
 from gateway.policy.escalation import EscalationPolicy
@@ -26,10 +25,11 @@ from gateway.request.prompt_count import PromptCounter
 from gateway.request.stream_usage import asking_usage
 
 
-@dataclass(frozen=True, slots=True)
-class CompletionRequest:
+class CompletionRequest(NamedTuple):
     """A completion request as decided (see the module docstring); what every tier of its
-    chain is asked (gateway/request/chain.py ``Asked``)."""
+    chain is asked (gateway/request/chain.py ``Asked``). Immutable as a frozen dataclass is,
+    made for a quarter of the instructions (one is made for every request;
+    benchmarks/gateway_instructions.py counts them)."""
 
     kind: Kind  # chat or completions
     body: Mapping[str, Any]  # as the client sent it (checked and screened)

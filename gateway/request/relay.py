@@ -19,8 +19,7 @@ import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import aclosing
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import anyio
 import httpx
@@ -66,8 +65,7 @@ _EDGE = 32  # bytes of the previous chunk kept to find an end marker split acros
 _FLUSH = 1.0  # seconds a stream ended by a shutdown is given to send its error event
 
 
-@dataclass(frozen=True, slots=True)
-class Reply:
+class Reply(NamedTuple):
     """How the client is answered, which travels together to every kind of answer: its
     headers (``x-route-*``), the exchange its end finishes (None: nothing to finish) and
     whether a failure tells the client everything (``full``; gateway/errors.py)."""
@@ -261,7 +259,7 @@ class UpstreamStreamingResponse(StreamingResponse):
             self._chunks,
             status_code=opened.response.status_code,
             media_type="text/event-stream",
-            headers={**(reply.headers if reply else {}), "cache-control": "no-cache"},
+            headers={**(reply.headers if reply is not None else {}), "cache-control": "no-cache"},
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -6,8 +6,7 @@ import functools
 import json
 import logging
 from collections.abc import AsyncGenerator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import httpx
@@ -315,8 +314,7 @@ class Upstream:
             await aclose_quietly(response)
 
 
-@dataclass(frozen=True, slots=True)
-class Opened:
+class Opened(NamedTuple):
     """A request opened on a tier's endpoint (gateway/request/chain.py ``open_chain``): the
     upstream that reads it, the endpoint that answered and its response, which travel
     together to whatever relays or reads the answer."""
