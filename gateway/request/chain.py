@@ -9,10 +9,9 @@ gateway/request/resume.py opens a stream's continuation the same way).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import httpx
@@ -26,17 +25,22 @@ from gateway.request.upstream import Upstream, UpstreamLost, UpstreamUnavailable
 NO_SERVER = "no model server is available; retry shortly"  # what clients are told
 
 
-@dataclass(frozen=True)
-class Asked:
-    """What a request asks, as every tier of its chain is asked it."""
+class Asked(Protocol):
+    """What a request asks, as every tier of its chain is asked it: the request value
+    (gateway/request/completion.py), or its continuation (gateway/request/resume.py)."""
 
-    kind: Kind
-    headers: Mapping[str, str]
-    body_for: Callable[[str], Mapping[str, Any]]  # the body planned for a tier, by its name
-    max_tokens_field: str
-    model: str  # the served model's name (an answer's events the gateway writes carry it)
-    cls: str  # the request's class (escalation is configured per class)
-    first_byte: float = float("inf")  # seconds a tier may take to its first byte
+    @property
+    def kind(self) -> Kind: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def first_byte(self) -> float:  # seconds a tier may take to its first byte (inf: no bound)
+        ...
+
+    def body_for(self, tier: str) -> Mapping[str, Any]:  # the body planned for ``tier``
+        ...
 
 
 async def open_chain(

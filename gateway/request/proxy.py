@@ -2,10 +2,13 @@
 
 A completion request goes: body (size-limited, read within ``body_timeout``, JSON object, served
 model; all before the request takes one of the ``max_in_flight`` slots) → ``assess``
-(tokens, class) → ``plan_route`` (tiers and ``max_tokens``; gateway/request/plan.py) → the chain of
-tiers (gateway/request/relay.py); class, reason and tokens are attributes of the request's
-server span (gateway/request/exchange.py), with an ``upstream`` child. Every answer carries
-``x-route-class``, ``x-route-tier`` and ``x-route-reason``; errors keep OpenAI's shape.
+(tokens, class) → ``plan_route`` (tiers and ``max_tokens``; gateway/request/plan.py) → the
+request value every later step reads (gateway/request/completion.py) → the chain of tiers
+(gateway/request/chain.py), its answer relayed (gateway/request/relay.py,
+gateway/request/whole.py); the phases are ``_completion``'s functions. Class, reason and
+tokens are attributes of the request's server span (gateway/request/exchange.py), with an
+``upstream`` child. Every answer carries ``x-route-class``, ``x-route-tier`` and
+``x-route-reason``; errors keep OpenAI's shape.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from functools import partial
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.trace import Span
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -27,21 +31,25 @@ from gateway.control.live_guard import GuardSettings, per_who_cap
 from gateway.control.shadow import ShadowJob
 from gateway.errors import DETAIL, FULL_DETAIL, SERVER_ERROR, APIError, full_detail
 from gateway.policy.schema import RoutingPolicy
+from gateway.policy.store import ActivePolicy
 from gateway.request.answer_usage import MalformedAnswer, answer_usage
-from gateway.request.assemble import as_stream, assemblable
 from gateway.request.body import check_model, parse_json_object, read_body, wants_stream
-from gateway.request.chain import NO_SERVER, Asked, open_chain
-from gateway.request.continuation import unresumable
+from gateway.request.chain import NO_SERVER, open_chain
+from gateway.request.completion import CompletionRequest, tier_body
 from gateway.request.endpoint_choice import Saturation, endpoint_id, session_key
 from gateway.request.exchange import Exchange
 from gateway.request.fields import screen_fields
 from gateway.request.kind import Kind
-from gateway.request.plan import assess, plan_route, route_headers
+from gateway.request.plan import Assessment, assess, plan_route, route_headers
 from gateway.request.prompt_count import count_prompt
-from gateway.request.relay import UpstreamStreamingResponse, unless_client_leaves, whole_response
-from gateway.request.resume import stream_resumer
-from gateway.request.stream_usage import asking_usage
-from gateway.request.upstream import UpstreamFailed, aclose_quietly
+from gateway.request.relay import (
+    Reply,
+    UpstreamStreamingResponse,
+    unless_client_leaves,
+    whole_response,
+)
+from gateway.request.resume import stream_resumer, use_tier_count
+from gateway.request.upstream import Opened, UpstreamFailed, aclose_quietly
 from gateway.request.whole import assembled_answer
 from gateway.runtime import Runtime, get_runtime
 from gateway.telemetry import inject_trace_headers
@@ -105,11 +113,33 @@ async def _relay_completion(request: Request, kind: Kind) -> Response:
 async def _completion(
     request: Request, body: dict[str, Any], kind: Kind, runtime: Runtime, exchange: Exchange
 ) -> tuple[Response, ShadowJob | None]:
-    """The answer, and the job to offer to shadow sampling when a tier answered 200."""
-    config = runtime.config
-    active = runtime.policies.active
+    """The answer, and the job to offer to shadow sampling when a tier answered 200: the
+    request assessed, decided into one value, then answered by the first tier of its chain
+    that takes it (or 499 when the client leaves first)."""
+    active = runtime.policies.active  # one policy for the whole request
+    found = await _assess(request, body, kind, runtime, active, exchange)
+    decided, upstream_span = _decide(request, body, kind, found, runtime, active.policy, exchange)
+    answer = partial(_answer, runtime, decided, exchange, upstream_span)
+    outcome = await unless_client_leaves(request, answer)
+    if outcome is None:
+        logger.info("client left %s before the answer; upstream request closed", kind.path)
+        exchange.set_outcome(499)
+        return Response(status_code=499), None  # nobody is listening any more
+    return outcome
+
+
+async def _assess(
+    request: Request,
+    body: dict[str, Any],
+    kind: Kind,
+    runtime: Runtime,
+    active: ActivePolicy,
+    exchange: Exchange,
+) -> Assessment:
+    """Count and classify the prompt (gateway/request/plan.py ``assess``), noted on the
+    exchange; the rate limit is charged the rest of what the request costs."""
     # Classifying and planning are pure computation: span attributes, not spans of their own.
-    contexts = [(tier.name, tier.max_model_len) for tier in config.tiers]
+    contexts = [(tier.name, tier.max_model_len) for tier in runtime.config.tiers]
     longest = max(length for _, length in contexts)
     found = assess(body, kind, active.policy, active.rules, runtime.counter,
                    context_limit=longest, tiers=contexts)  # fmt: skip
@@ -122,109 +152,119 @@ async def _completion(
     charge = getattr(request.state, "rate_charge", None)
     if charge is not None and found.cost > 1:
         await charge(found.cost - 1)
+    return found
+
+
+def _decide(
+    request: Request,
+    body: dict[str, Any],
+    kind: Kind,
+    found: Assessment,
+    runtime: Runtime,
+    policy: RoutingPolicy,
+    exchange: Exchange,
+) -> tuple[CompletionRequest, Span]:
+    """The request decided (gateway/request/completion.py): its plan and chain of endpoints,
+    how its tiers are asked; and the ``upstream`` span whose context they are sent."""
     full = full_detail(request)
-    pinned = request.headers.get(active.policy.pinning.header)
-    limits = saturation_limits(active.policy)
-    plan = plan_route(found, active.policy, runtime.board.statuses(limits), pinned, kind)
+    pinned = request.headers.get(policy.pinning.header)
+    limits = saturation_limits(policy)
+    plan = plan_route(found, policy, runtime.board.statuses(limits), pinned, kind)
     exchange.reason = plan.reason
     session = session_key(request.headers, body)
-    tiers = [runtime.board.endpoint_chain(name, session, limits) for name in plan.chain]
+    chain = [runtime.board.endpoint_chain(name, session, limits) for name in plan.chain]
 
     upstream_span = exchange.child("upstream")
     headers = dict(request.headers)
     inject_trace_headers(headers, trace.set_span_in_context(upstream_span))
-
-    # A whole answer asked as a stream (failover.whole_answers: continue) is assembled by the
-    # gateway, and continued on the next tier when its own fails midway, as a stream is.
-    assembling = (
-        active.policy.failover.assembles and not wants_stream(body) and assemblable(body, kind)
-    )
-    upstream_body = as_stream(body) if assembling else body
-    # A stream that can be continued asks its tier for usage, which ends the answer with the
-    # prompt's tokens as the tier counted them: nothing to count after it (stream_usage.py).
-    usage_asked = True
-    if not assembling and wants_stream(body) and unresumable(body, kind) is None:
-        with_usage = asking_usage(body)
-        if with_usage is not None:
-            upstream_body, usage_asked = with_usage, False
+    sent, assembling, usage_asked = tier_body(body, kind, policy.failover.assembles)
     # A stream's headers come once the tier has scheduled it (time in its queue, then the
     # prompt's prefill): giving up on a silent tier is safe. A whole answer's come when it is
     # complete: giving up would generate it again on the next tier, so read_timeout bounds it.
-    streamed = wants_stream(upstream_body)  # the tier is asked for a stream
-    first_byte = active.policy.timeouts.first_byte_seconds if streamed else float("inf")
-
-    asked = Asked(
-        kind, headers, lambda name: plan.body_for(name, upstream_body), plan.max_tokens_field,
-        config.model_name, plan.cls, first_byte,
+    streamed = wants_stream(sent)  # the tier is asked for a stream
+    first_byte = policy.timeouts.first_byte_seconds if streamed else float("inf")
+    decided = CompletionRequest(
+        kind, body, plan, chain, headers, sent, streamed, first_byte, assembling, usage_asked,
+        full, asker(request), runtime.config.model_name, runtime.counter, policy.escalation,
     )  # fmt: skip
+    return decided, upstream_span
 
-    async def exchange_with_tiers() -> tuple[Response, ShadowJob | None]:
-        try:
-            tier, response = await open_chain(runtime.upstream, tiers, asked, exchange)
-        except APIError as exc:
-            exc.headers.update(route_headers(plan.cls, None, plan.reason))
-            raise
-        upstream_span.set_attribute("gateway.route.tier", tier.name)
-        upstream_span.set_attribute(ATTR_ENDPOINT, tier.base_url)
-        answer_headers = route_headers(plan.cls, tier.name, plan.reason if full else None)
-        # Addresses only to clients told everything; others get the endpoint's stable id
-        # (/admin/tiers lists both).
-        answer_headers[ENDPOINT_HEADER] = tier.base_url if full else endpoint_id(tier.base_url)
-        link = exchange.span.get_span_context()  # shadow comparisons link to the request
-        shadow = ShadowJob(
-            tier.name,
-            kind.path,
-            plan.body_for(tier.name, body),
-            plan.max_tokens_field,
-            None,
-            link,
-            plan.cls,
+
+async def _answer(
+    runtime: Runtime, decided: CompletionRequest, exchange: Exchange, upstream_span: Span
+) -> tuple[Response, ShadowJob | None]:
+    """Open the chain, then answer: a stream, a whole answer assembled from one, or a whole
+    answer; with the job for shadow sampling."""
+    opened, reply = await _open(runtime, decided, exchange, upstream_span)
+    link = exchange.span.get_span_context()  # shadow comparisons link to the request
+    plan, tier = decided.plan, opened.tier
+    body = plan.body_for(tier.name, decided.body)
+    shadow = ShadowJob(tier.name, decided.kind.path, body, plan.max_tokens_field, None, link,
+                       plan.cls)  # fmt: skip
+    if decided.streamed and opened.response.status_code == 200:
+        return await _stream(runtime, decided, opened, reply, shadow)
+    return await _whole(opened, reply, shadow)
+
+
+async def _open(
+    runtime: Runtime, decided: CompletionRequest, exchange: Exchange, upstream_span: Span
+) -> tuple[Opened, Reply]:
+    """The first endpoint of the chain that answers (gateway/request/chain.py), and how the
+    client is answered: the ``x-route-*`` headers (on a failure to open too)."""
+    plan, full = decided.plan, decided.full
+    try:
+        tier, response = await open_chain(runtime.upstream, decided.chain, decided, exchange)
+    except APIError as exc:
+        exc.headers.update(route_headers(plan.cls, None, plan.reason))
+        raise
+    upstream_span.set_attribute("gateway.route.tier", tier.name)
+    upstream_span.set_attribute(ATTR_ENDPOINT, tier.base_url)
+    headers = route_headers(plan.cls, tier.name, plan.reason if full else None)
+    # Addresses only to clients told everything; others get the endpoint's stable id
+    # (/admin/tiers lists both).
+    headers[ENDPOINT_HEADER] = tier.base_url if full else endpoint_id(tier.base_url)
+    return Opened(runtime.upstream, tier, response), Reply(headers, exchange, full)
+
+
+async def _stream(
+    runtime: Runtime, decided: CompletionRequest, opened: Opened, reply: Reply, shadow: ShadowJob
+) -> tuple[Response, ShadowJob | None]:
+    """A tier's stream: relayed (continued on the next tier when it fails midway and can be),
+    or assembled into the whole answer the client asked."""
+    on_watched = partial(guard_escalations, runtime, decided.cls, decided.who)
+    resumer = stream_resumer(opened.upstream, decided, reply.exchange, on_watched)
+    if decided.assembling:  # a whole answer: one tier's alone is offered to shadow sampling
+        raw, answer = await assembled_answer(opened, resumer, reply, decided.kind)
+        return answer, dataclasses.replace(shadow, answer=raw) if raw else None
+    # From here on the streaming response owns the upstream and finishes the exchange; its
+    # shadow job (no answer) is counted as dropped (streaming) when drawn.
+    return UpstreamStreamingResponse(opened, reply, resumer, decided.usage_asked), shadow
+
+
+async def _whole(
+    opened: Opened, reply: Reply, shadow: ShadowJob
+) -> tuple[Response, ShadowJob | None]:
+    """A tier's whole answer, read and relayed (its usage read for the counts)."""
+    tier, response, exchange = opened.tier, opened.response, reply.exchange
+    try:
+        raw = await opened.upstream.read(tier, response)
+        prompt_tokens, exchange.output_tokens = (
+            answer_usage(raw) if response.status_code == 200 else (None, None)
         )
-        if streamed and response.status_code == 200:
-            resumer = stream_resumer(
-                runtime.upstream, tiers, asked, upstream_body, exchange, runtime.counter,
-                active.policy.escalation,
-                partial(guard_escalations, runtime, plan.cls, asker(request)),
-            )  # fmt: skip
-            if assembling:  # a whole answer: one tier's alone is offered to shadow sampling
-                raw, answer = await assembled_answer(
-                    runtime.upstream, tier, response, resumer, answer_headers, exchange, full, kind
-                )
-                return answer, dataclasses.replace(shadow, answer=raw) if raw else None
-            # From here on the streaming response owns the upstream and finishes the exchange;
-            # its shadow job (no answer) is counted as dropped (streaming) when drawn.
-            stream = UpstreamStreamingResponse(
-                runtime.upstream, tier, response, answer_headers, exchange, full, resumer,
-                usage_asked=usage_asked,
-            )  # fmt: skip
-            return stream, shadow
-        try:
-            raw = await runtime.upstream.read(tier, response)
-            prompt_tokens, exchange.output_tokens = (
-                answer_usage(raw) if response.status_code == 200 else (None, None)
-            )
-        except MalformedAnswer as exc:
-            failed = UpstreamFailed(tier.name, f"its answer is malformed: {exc}")
-            logger.warning("%s", failed.message)
-            failed.headers.update(answer_headers)
-            raise failed from exc
-        except APIError as exc:
-            exc.headers.update(answer_headers)
-            raise
-        if prompt_tokens:  # the tier's own count: nothing left to count
-            exchange.input_tokens, exchange.count_input = prompt_tokens, None
-        exchange.set_outcome(response.status_code)
-        answer = whole_response(tier, response, raw, answer_headers, full, exchange)
-        if response.status_code == 200:
-            return answer, dataclasses.replace(shadow, answer=raw)
-        return answer, None
-
-    outcome = await unless_client_leaves(request, exchange_with_tiers)
-    if outcome is None:
-        logger.info("client left %s before the answer; upstream request closed", kind.path)
-        exchange.set_outcome(499)
-        return Response(status_code=499), None  # nobody is listening any more
-    return outcome
+    except MalformedAnswer as exc:
+        failed = UpstreamFailed(tier.name, f"its answer is malformed: {exc}")
+        logger.warning("%s", failed.message)
+        failed.headers.update(reply.headers)
+        raise failed from exc
+    except APIError as exc:
+        exc.headers.update(reply.headers)
+        raise
+    use_tier_count(exchange, prompt_tokens, None)
+    exchange.set_outcome(response.status_code)
+    answer = whole_response(tier, response, raw, reply)
+    if response.status_code == 200:
+        return answer, dataclasses.replace(shadow, answer=raw)
+    return answer, None
 
 
 def _current(exchange: Exchange) -> AbstractContextManager[object]:

@@ -19,7 +19,7 @@ import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import anyio
 import httpx
@@ -40,21 +40,39 @@ from gateway.request.chain import NO_SERVER, open_chain
 from gateway.request.continuation import CUT, ends_answer, split_error
 from gateway.request.exchange import Exchange, SSECounter
 from gateway.request.resumable import relay_resumable, tier_error_event
+from gateway.request.resume import use_tier_count
 from gateway.request.sse import EventBuffer, ends_event
 from gateway.request.stream_usage import without_usage
-from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly, event_too_large
+from gateway.request.upstream import Opened, UpstreamFailed, aclose_quietly, event_too_large
 from gateway.serving import serving_state
 
 if TYPE_CHECKING:
     from gateway.request.resume import Resumer
 
-__all__ = ["NO_SERVER", "UpstreamStreamingResponse", "open_chain", "relay_sse", "whole_response"]
+__all__ = [
+    "NO_SERVER",
+    "Reply",
+    "UpstreamStreamingResponse",
+    "open_chain",
+    "relay_sse",
+    "whole_response",
+]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _EDGE = 32  # bytes of the previous chunk kept to find an end marker split across two
 _FLUSH = 1.0  # seconds a stream ended by a shutdown is given to send its error event
+
+
+class Reply(NamedTuple):
+    """How the client is answered, which travels together to every kind of answer: its
+    headers (``x-route-*``), the exchange its end finishes (None: nothing to finish) and
+    whether a failure tells the client everything (``full``; gateway/errors.py)."""
+
+    headers: Mapping[str, str]
+    exchange: Exchange
+    full: bool
 
 
 def shutting_down() -> APIError:
@@ -103,18 +121,14 @@ def normalise_error(
 
 
 def whole_response(
-    tier: TierEndpoint,
-    upstream_response: httpx.Response,
-    raw: bytes,
-    headers: Mapping[str, str],
-    full: bool = True,
-    exchange: Exchange | None = None,
+    tier: TierEndpoint, upstream_response: httpx.Response, raw: bytes, reply: Reply
 ) -> WholeAnswer:
-    """Relay a complete upstream answer with its status; errors keep OpenAI's shape. Handed
-    ``exchange``, the answer finishes it once sent."""
+    """Relay a complete upstream answer with its status; errors keep OpenAI's shape. The
+    answer finishes ``reply.exchange`` once sent."""
     status = upstream_response.status_code
+    headers, exchange = reply.headers, reply.exchange
     if status >= 400:
-        body = normalise_error(status, tier, raw, full)
+        body = normalise_error(status, tier, raw, reply.full)
         content = bytes(JSONResponse(body).body)  # JSONResponse's own encoding
         return WholeAnswer(content, status, "application/json", headers, exchange)
     media_type = upstream_response.headers.get("content-type", "application/json")
@@ -151,9 +165,7 @@ class WholeAnswer(Response):
 
 
 async def relay_sse(
-    upstream: Upstream,
-    tier: TierEndpoint,
-    response: httpx.Response,
+    opened: Opened,
     counter: SSECounter | None = None,
     on_first_byte: Callable[[], None] | None = None,
     full: bool = True,
@@ -162,6 +174,7 @@ async def relay_sse(
     as does a stream that closes with neither a finish_reason nor ``[DONE]`` (cut mid-answer).
     Without ``full`` detail complete events are relayed, so that a tier's own error event is
     replaced by the gateway's (``tier_error_event``); with it, bytes as they come."""
+    upstream, tier, response = opened.upstream, opened.tier, opened.response
     tail = b"\n\n"
     ended = False  # a finish_reason or [DONE] went by (looked for across chunk edges too)
     buffer = EventBuffer()  # without full detail: what followed the last event boundary
@@ -216,20 +229,19 @@ class UpstreamStreamingResponse(StreamingResponse):
 
     def __init__(
         self,
-        upstream: Upstream,
-        tier: TierEndpoint,
-        response: httpx.Response,
-        headers: Mapping[str, str] | None = None,
-        exchange: Exchange | None = None,
-        full: bool = True,
+        opened: Opened,
+        reply: Reply | None = None,
         resumer: Resumer | None = None,
         usage_asked: bool = True,
     ) -> None:
-        """``full``: a failure mid-stream tells the client everything (see gateway/errors.py);
-        ``resumer``: continues the answer on another tier when its own fails mid-stream;
-        ``usage_asked`` False: the gateway asked the tier for the usage event, which the
-        client is not sent (gateway/request/stream_usage.py; with a ``resumer`` only)."""
-        self._upstream_response = response
+        """``reply``: its headers, the exchange the stream's end finishes, and whether a
+        failure mid-stream tells the client everything (see gateway/errors.py); ``resumer``:
+        continues the answer on another tier when its own fails mid-stream; ``usage_asked``
+        False: the gateway asked the tier for the usage event, which the client is not sent
+        (gateway/request/stream_usage.py; with a ``resumer`` only)."""
+        exchange = reply.exchange if reply is not None else None
+        full = reply.full if reply is not None else True
+        self._upstream_response = opened.response
         self._exchange = exchange
         self._counter = SSECounter()
         self._resumer = resumer
@@ -238,18 +250,16 @@ class UpstreamStreamingResponse(StreamingResponse):
             exchange.hand_to_stream()
             first_byte = exchange.first_byte
         if resumer is None:
-            self._chunks = relay_sse(upstream, tier, response, self._counter, first_byte, full)
+            self._chunks = relay_sse(opened, self._counter, first_byte, full)
         else:
-            self._chunks = relay_resumable(
-                upstream, tier, response, self._counter, first_byte, full, resumer
-            )
+            self._chunks = relay_resumable(opened, self._counter, first_byte, full, resumer)
             if not usage_asked:
                 self._chunks = without_usage(self._chunks)
         super().__init__(
             self._chunks,
-            status_code=response.status_code,
+            status_code=opened.response.status_code,
             media_type="text/event-stream",
-            headers={**(headers or {}), "cache-control": "no-cache"},
+            headers={**(reply.headers if reply is not None else {}), "cache-control": "no-cache"},
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -293,12 +303,9 @@ class UpstreamStreamingResponse(StreamingResponse):
                 await self._chunks.aclose()
                 await aclose_quietly(self._upstream_response)
                 if self._exchange is not None:
-                    counter, resumer = self._counter, self._resumer
-                    # The prompt as one tier counted it; after a continuation the gateway counts
-                    # it itself (the usage then sums two tiers' less an estimate).
-                    resumed = resumer is not None and resumer.resumed
-                    prompt = None if resumed else counter.prompt_tokens
-                    await self._exchange.stream_ended(counter.status, counter.tokens, prompt)
+                    counter = self._counter
+                    use_tier_count(self._exchange, counter.prompt_tokens, self._resumer)
+                    await self._exchange.stream_ended(counter.status, counter.tokens)
 
     async def _end_for_shutdown(self, send: Send, started: bool) -> None:
         """End the stream with the shutdown's error event and [DONE], within ``_FLUSH``

@@ -21,8 +21,6 @@ from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING
 
-import httpx
-
 from gateway.config import TierEndpoint
 from gateway.errors import APIError, sse_error_event, tier_error
 from gateway.request.continuation import CUT, SentEvents, TierError, ends_answer, split_error
@@ -30,7 +28,7 @@ from gateway.request.exchange import SSECounter
 from gateway.request.kind import Kind
 from gateway.request.sse import DONE, EventBuffer, ends_event
 from gateway.request.stream_watch import Degenerated, StreamWatch
-from gateway.request.upstream import Upstream, UpstreamFailed, aclose_quietly, event_too_large
+from gateway.request.upstream import Opened, UpstreamFailed, aclose_quietly, event_too_large
 
 if TYPE_CHECKING:
     from gateway.request.resume import Resumer
@@ -40,9 +38,7 @@ logger = logging.getLogger(__name__)
 
 
 async def relay_resumable(
-    upstream: Upstream,
-    tier: TierEndpoint,
-    response: httpx.Response,
+    opened: Opened,
     counter: SSECounter,
     on_first_byte: Callable[[], None] | None,
     full: bool,
@@ -50,7 +46,8 @@ async def relay_resumable(
 ) -> AsyncGenerator[bytes, None]:
     """Yield the answer's complete events, continuing it on another tier when its own fails
     (see the module docstring)."""
-    sent = SentEvents(resumer.asked.kind is Kind.CHAT)  # what the client was sent
+    upstream, tier, response = opened.upstream, opened.tier, opened.response
+    sent = SentEvents(resumer.request.kind is Kind.CHAT)  # what the client was sent
     rewrite: Callable[[bytes], bytes] | None = None
     preface = b""  # what goes before a continuation's events (the SSE comment saying so)
     while True:

@@ -12,7 +12,6 @@ event on the request's span and an SSE comment line in the stream (clients ignor
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,10 +21,11 @@ import httpx
 
 from gateway.config import TierEndpoint
 from gateway.errors import APIError
-from gateway.policy.escalation import EscalationPolicy
-from gateway.request.chain import Asked, open_chain
+from gateway.request.chain import open_chain
+from gateway.request.completion import CompletionRequest
 from gateway.request.continuation import (
     Rewriter,
+    Sent,
     SentEvents,
     continuation_body,
     length_ending,
@@ -34,7 +34,7 @@ from gateway.request.continuation import (
 )
 from gateway.request.exchange import Exchange
 from gateway.request.kind import Kind
-from gateway.request.prompt_count import ByteCounter, PromptCounter
+from gateway.request.prompt_count import ByteCounter
 from gateway.request.sse import DONE
 from gateway.request.stream_watch import Degenerated, StreamWatch
 from gateway.request.upstream import Upstream, aclose_quietly
@@ -54,6 +54,34 @@ class Continuation:
     closing: bytes = b""  # sent before anything else: a comment, or the answer's end
 
 
+@dataclass(frozen=True)
+class Continued:
+    """A request continued from what was ``sent``: asked as it was (gateway/request/chain.py
+    ``Asked``), each tier's body asking it to go on (``budget_cut``: the tokens its budget
+    loses)."""
+
+    request: CompletionRequest
+    sent: Sent
+    budget_cut: int
+
+    @property
+    def kind(self) -> Kind:
+        return self.request.kind
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self.request.headers
+
+    @property
+    def first_byte(self) -> float:
+        return self.request.first_byte
+
+    def body_for(self, tier: str) -> dict[str, Any]:
+        request = self.request
+        return continuation_body(request.body_for(tier), request.kind, self.sent,
+                                 self.budget_cut, request.max_tokens_field)  # fmt: skip
+
+
 def rest_of_chain(chain: Chain, failed: TierEndpoint) -> list[list[TierEndpoint]]:
     """The endpoints to try after ``failed``: the rest of its tier's pool, then later tiers."""
     for i, endpoints in enumerate(chain):
@@ -69,14 +97,16 @@ class Resumer:
     def __init__(
         self,
         upstream: Upstream,
-        chain: Chain,
-        asked: Asked,
+        request: CompletionRequest,
         exchange: Exchange,
-        counter: PromptCounter,
-        escalation: EscalationPolicy | None = None,
         on_watched: Callable[[str, bool], None] | None = None,
     ) -> None:
-        self.upstream, self.chain, self.asked, self.exchange = upstream, chain, asked, exchange
+        """``request``: its chain, what each tier is asked, the counter of a resent text and
+        the escalation policy."""
+        self.upstream, self.exchange = upstream, exchange
+        self.chain: Chain = request.chain
+        self.request = request
+        counter, escalation = request.counter, request.escalation
         self.count_text = counter.count_text
         self.exact = not isinstance(counter, ByteCounter)  # a tokenizer's count, not a bound
         self.escalation = escalation
@@ -86,12 +116,12 @@ class Resumer:
         # The answer was ended or continued by the gateway: a usage event in it is the
         # gateway's sum (or its own count), not one tier's count of the prompt.
         self.resumed = False
-        if escalation is not None and escalation.tiers and asked.cls in escalation.classes:
+        if escalation is not None and escalation.tiers and request.cls in escalation.classes:
             self.watch = StreamWatch(
                 escalation.loop.check() if escalation.loop else None,
                 escalation.scripts.check() if escalation.scripts else None,
                 escalation.holdback_chars,
-                asked.kind is Kind.CHAT,
+                request.kind is Kind.CHAT,
                 escalation.logprobs.check() if escalation.logprobs else None,
             )
 
@@ -105,7 +135,7 @@ class Resumer:
         chain could continue it."""
         if self.watch is None or self.escalation is None:
             return False
-        return self.escalation.watches(tier.name, self.asked.cls) and any(
+        return self.escalation.watches(tier.name, self.request.cls) and any(
             rest_of_chain(self.chain, tier)[1:]
         )
 
@@ -114,8 +144,8 @@ class Resumer:
     ) -> Continuation | None:
         """The stream's continuation after ``failed`` broke off with ``error``; None when it
         cannot go on (the relay then ends it with the error event, as before)."""
-        asked = self.asked
-        chat = asked.kind is Kind.CHAT
+        request = self.request
+        chat = request.kind is Kind.CHAT
         sent = sent_events.read()
         self.resumed = True
         if sent.why_not is not None:
@@ -130,23 +160,18 @@ class Resumer:
         resent = self.count_text(sent.text) if sent.text else 0
         generated = max(sent.events, resent) if self.exact else sent.events
         budget_cut = max(sent.events, resent)
-        if used_up(asked.body_for(failed.name), generated, asked.max_tokens_field):
+        if used_up(request.body_for(failed.name), generated, request.max_tokens_field):
             self._record(failed, None, generated, error)
             usage = self._usage(failed, generated)
-            return Continuation(closing=length_ending(sent, chat, asked.model, usage))
+            return Continuation(closing=length_ending(sent, chat, request.model, usage))
         rest = rest_of_chain(self.chain, failed)
         verdict = error.verdict if isinstance(error, Degenerated) else None
         if verdict is not None:  # the same precision would degenerate alike: the next tier
             rest = rest[1:]
 
-        def body(name: str) -> dict[str, Any]:
-            return continuation_body(
-                asked.body_for(name), asked.kind, sent, budget_cut, asked.max_tokens_field
-            )
-
+        continued = Continued(request, sent, budget_cut)
         while any(rest):
             try:
-                continued = dataclasses.replace(asked, body_for=body)
                 tier, response = await open_chain(self.upstream, rest, continued, self.exchange)
             except APIError:  # nothing answered: the request stays the failed tier's
                 self.exchange.tier = failed.name
@@ -167,7 +192,7 @@ class Resumer:
     def _usage(self, failed: TierEndpoint, generated: int) -> dict[str, int] | None:
         """The usage of an answer ended at its length, when the request asked for usage: the
         tokens generated, the prompt's as the gateway counted it (its tier's count is lost)."""
-        options = self.asked.body_for(failed.name).get("stream_options")
+        options = self.request.body_for(failed.name).get("stream_options")
         if not isinstance(options, dict) or not options.get("include_usage"):
             return None
         prompt = self.exchange.input_tokens or 0
@@ -187,18 +212,23 @@ class Resumer:
             self.exchange.resumed(failed.name, to, generated, error.code or "error")
 
 
+def use_tier_count(exchange: Exchange, prompt_tokens: int | None, resumer: Resumer | None) -> None:
+    """Take the answering tier's count of the prompt (its answer's usage) as the request's,
+    unless the answer was continued or ended by the gateway (``resumer.resumed``: its usage is
+    then the gateway's sum, or its own count): the gateway then counts the prompt itself when
+    the exchange finishes. Nothing to take without a count."""
+    if prompt_tokens and (resumer is None or not resumer.resumed):
+        exchange.input_tokens, exchange.count_input = prompt_tokens, None
+
+
 def stream_resumer(
     upstream: Upstream,
-    chain: Chain,
-    asked: Asked,
-    body: Mapping[str, Any],
+    request: CompletionRequest,
     exchange: Exchange,
-    counter: PromptCounter,
-    escalation: EscalationPolicy | None = None,
     on_watched: Callable[[str, bool], None] | None = None,
 ) -> Resumer | None:
-    """The resumer of a streamed request (``body`` as the client sent it, asked as a stream),
-    or None when its answer could not be continued."""
-    if unresumable(body, asked.kind) is not None:
+    """The resumer of a streamed request (its tiers asked a stream), or None when its answer
+    could not be continued."""
+    if unresumable(request.tier_body, request.kind) is not None:
         return None
-    return Resumer(upstream, chain, asked, exchange, counter, escalation, on_watched)
+    return Resumer(upstream, request, exchange, on_watched)

@@ -6,7 +6,7 @@ import functools
 import json
 import logging
 from collections.abc import AsyncGenerator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import httpx
@@ -312,3 +312,13 @@ class Upstream:
             return bytes(body)
         finally:
             await aclose_quietly(response)
+
+
+class Opened(NamedTuple):
+    """A request opened on a tier's endpoint (gateway/request/chain.py ``open_chain``): the
+    upstream that reads it, the endpoint that answered and its response, which travel
+    together to whatever relays or reads the answer."""
+
+    upstream: Upstream
+    tier: TierEndpoint
+    response: httpx.Response

@@ -5,42 +5,33 @@ continue``; gateway/request/assemble.py): relayed as a stream that can be contin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from contextlib import aclosing
 
-import httpx
-
-from gateway.config import TierEndpoint
 from gateway.request.answer_usage import MalformedAnswer, answer_usage
 from gateway.request.assemble import Assembler
-from gateway.request.exchange import Exchange, SSECounter
+from gateway.request.exchange import SSECounter
 from gateway.request.kind import Kind
-from gateway.request.relay import WholeAnswer, relay_sse
+from gateway.request.relay import Reply, WholeAnswer, relay_sse
 from gateway.request.resumable import relay_resumable
-from gateway.request.resume import Resumer
-from gateway.request.upstream import Upstream
+from gateway.request.resume import Resumer, use_tier_count
+from gateway.request.upstream import Opened
 
 CONTINUED_HEADER = "x-route-continued"
 
 
 async def assembled_answer(
-    upstream: Upstream,
-    tier: TierEndpoint,
-    response: httpx.Response,
-    resumer: Resumer | None,
-    headers: Mapping[str, str],
-    exchange: Exchange,
-    full: bool,
-    kind: Kind,
+    opened: Opened, resumer: Resumer | None, reply: Reply, kind: Kind
 ) -> tuple[bytes | None, WholeAnswer]:
-    """The whole answer (which finishes ``exchange`` once sent), and its body when one tier
-    wrote all of it (for shadow sampling: an answer continued elsewhere is not that tier's);
-    None for an error or a continued answer. Without a ``resumer`` it is not continued."""
+    """The whole answer (which finishes the reply's exchange once sent), and its body when
+    one tier wrote all of it (for shadow sampling: an answer continued elsewhere is not that
+    tier's); None for an error or a continued answer. Without a ``resumer`` it is not
+    continued."""
+    exchange, full = reply.exchange, reply.full
     counter, assembler = SSECounter(), Assembler(kind is Kind.CHAT)
     if resumer is not None:
-        relay = relay_resumable(upstream, tier, response, counter, None, full, resumer)
+        relay = relay_resumable(opened, counter, None, full, resumer)
     else:
-        relay = relay_sse(upstream, tier, response, counter, None, full)
+        relay = relay_sse(opened, counter, None, full)
     async with aclosing(relay) as chunks:
         async for chunk in chunks:
             assembler.feed(chunk)
@@ -50,11 +41,9 @@ async def assembled_answer(
             prompt_tokens, exchange.output_tokens = answer_usage(answer.body)
         except MalformedAnswer:  # a usage event that was not an object: no count
             prompt_tokens = None
-        resumed = resumer is not None and resumer.resumed  # then the usage is the gateway's sum
-        if prompt_tokens and not resumed:  # the tier's own count: nothing left to count
-            exchange.input_tokens, exchange.count_input = prompt_tokens, None
+        use_tier_count(exchange, prompt_tokens, resumer)
     exchange.set_outcome(answer.status)
-    sent_headers = dict(headers)
+    sent_headers = dict(reply.headers)
     continued = resumer.continued_on if resumer is not None else []
     if continued:
         sent_headers[CONTINUED_HEADER] = ",".join(continued)

@@ -11,7 +11,7 @@ from gateway.config import TierEndpoint
 from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
 from gateway.request.exchange import Exchange, SSECounter
-from gateway.request.relay import whole_response
+from gateway.request.relay import Reply, whole_response
 from gateway.shared.state import SharedState
 from gateway.telemetry import build_tracer_provider
 
@@ -167,9 +167,8 @@ def test_a_whole_answer_finishes_its_exchange_once_sent(send_fails: bool) -> Non
         async with exchange:
             exchange.set_outcome(200)
             upstream = httpx.Response(200, headers={"content-type": "application/json"})
-            answer = whole_response(
-                tier, upstream, b'{"ok":1}', {"x-route-tier": "fp16"}, True, exchange
-            )
+            reply = Reply({"x-route-tier": "fp16"}, exchange, True)
+            answer = whole_response(tier, upstream, b'{"ok":1}', reply)
         assert not exchange.finished  # the block left it to the answer
         scope = {"type": "http", "asgi": {"spec_version": "2.3"}}
         if send_fails:

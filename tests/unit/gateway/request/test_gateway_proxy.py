@@ -26,7 +26,7 @@ from gateway.request.body import (
 )
 from gateway.request.proxy import offer_shadow
 from gateway.request.relay import UpstreamStreamingResponse
-from gateway.request.upstream import Upstream
+from gateway.request.upstream import Opened, Upstream
 
 MODEL = "stub-model"  # what the stub tier serves (conftest.StubTier)
 WAIT = 10.0
@@ -428,7 +428,7 @@ async def _relay_until(scope: dict[str, Any], fail_on_send: int | None) -> Recor
     upstream_response = httpx.Response(200, stream=stream, request=request)
     tier = TierEndpoint(name="t0", base_url="http://127.0.0.1:9")
     async with httpx.AsyncClient(trust_env=False) as http:
-        relay = UpstreamStreamingResponse(Upstream(http), tier, upstream_response)
+        relay = UpstreamStreamingResponse(Opened(Upstream(http), tier, upstream_response))
         sent: list[Message] = []
         first_chunk_sent = anyio.Event()
 
