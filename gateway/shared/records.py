@@ -6,6 +6,7 @@ from __future__ import annotations
 from gateway.shared.state import SharedState, _Conn
 
 MIRROR_SECONDS = 60.0  # how long a value read without an expiry is kept for a Redis outage
+UNSENT_KEPT = 100  # pushes kept for Redis while it fails (the oldest dropped beyond)
 
 
 class SharedRecords:
@@ -14,6 +15,11 @@ class SharedRecords:
 
     def __init__(self, state: SharedState) -> None:
         self._state = state
+        # Pushes that stayed local while Redis failed (oldest first, bounded): written to Redis
+        # before the next push or read of a list, so a record made during a short outage (a
+        # reset under a load that stalled this process past op_timeout) is not lost to the
+        # other replicas, nor to this one once it reads Redis again.
+        self._unsent: list[tuple[str, str, int]] = []
 
     async def put(self, name: str, value: str | None, ttl: float) -> bool:
         """Set ``name`` for ``ttl`` seconds (``None`` deletes it). True when the shared store
@@ -63,16 +69,32 @@ class SharedRecords:
 
     async def push(self, name: str, value: str, keep: int = 100) -> None:
         """Prepend ``value`` to the list ``name``, keeping the newest ``keep``."""
-        state, key = self._state, self._state._key("list", name)
-        local = state._local.lists.setdefault(name, [])
+        local = self._state._local.lists.setdefault(name, [])
         local.insert(0, value)
         del local[keep:]
+        await self._send_unsent()
+        if not await self._push(name, value, keep) and self._state._url is not None:
+            self._unsent.append((name, value, keep))
+            del self._unsent[:-UNSENT_KEPT]
 
-        async def push(conn: _Conn) -> None:
+    async def _push(self, name: str, value: str, keep: int) -> bool:
+        """The push to Redis; False when it did not happen (local mode or a failure)."""
+        key = self._state._key("list", name)
+
+        async def push(conn: _Conn) -> bool:
             await conn.client.lpush(key, value)
             await conn.client.ltrim(key, 0, keep - 1)
+            return True
 
-        await state._run(push)
+        return bool(await self._state._run(push))
+
+    async def _send_unsent(self) -> None:
+        """Write the pushes that stayed local, oldest first, while Redis takes them."""
+        while self._unsent and self._state.shared:
+            name, value, keep = self._unsent[0]
+            if not await self._push(name, value, keep):
+                return
+            self._unsent.pop(0)
 
     async def pop(self, name: str) -> str | None:
         """Take the oldest entry of the list ``name`` (``None`` when empty)."""
@@ -86,6 +108,7 @@ class SharedRecords:
     async def items(self, name: str, count: int = 100) -> list[str]:
         """The newest ``count`` entries of the list ``name``, newest first."""
         state = self._state
+        await self._send_unsent()
         found = await state._run(lambda c: c.client.lrange(state._key("list", name), 0, count - 1))
         if found is not None:
             return [str(item) for item in found]

@@ -90,3 +90,36 @@ def test_a_value_another_replica_wrote_outlives_a_redis_outage_until_its_expiry(
         assert asyncio.run(scenario()) == ["endpoint-0", "endpoint-0", "endpoint-0", None]
     finally:
         stop(proc)
+
+
+def test_a_record_pushed_while_redis_failed_reaches_redis_when_it_is_back(
+    redis_url: str, prefix: str
+) -> None:
+    """A reset record made during a short outage (a loaded machine stalled the process past
+    op_timeout) is written to Redis once it is back, before the next push or read: the other
+    replicas see it, and so does this one, reading Redis again."""
+
+    async def scenario() -> tuple[list[str], list[str], list[str]]:
+        state = SharedState(redis_url, prefix=prefix, replica_id="a", retry_interval=0.05)
+        other = SharedState(redis_url, prefix=prefix, replica_id="b")
+        await state.start()
+        await other.start()
+        records, seen = SharedRecords(state), SharedRecords(other)
+        try:
+            await records.push("history", "first")
+            state._fall_back(TimeoutError("stalled"))  # what a timed-out operation does
+            await records.push("history", "during the outage")
+            during = await seen.items("history")
+            deadline = time.monotonic() + 5
+            while not state.shared:
+                assert time.monotonic() < deadline, "the shared state never came back"
+                await asyncio.sleep(0.02)
+            mine = await records.items("history")
+            return during, mine, await seen.items("history")
+        finally:
+            await state.aclose()
+            await other.aclose()
+
+    during, mine, theirs = asyncio.run(scenario())
+    assert during == ["first"]
+    assert mine == theirs == ["during the outage", "first"]
