@@ -86,6 +86,7 @@ class ResetCoordinator:
         self.records = SharedRecords(runtime.shared)
         self.marks = MarksPublisher(self.records)
         self.queue = ForcedQueue(self.records)
+        self._current_unsent: tuple[str, float] | None = None  # CURRENT, if Redis missed it
         self.clock = clock
         self.tick_seconds = tick
         self._tier_client = tier_client or self._default_client
@@ -170,7 +171,10 @@ class ResetCoordinator:
         )
         preemptions = self._preemptions(tier)
         current = {"tier": tier, "token": token, "started_at": started, "leader": self._holder()}
-        await self.records.put(CURRENT, json.dumps(current), ttl=10 * resets.lock_ttl_seconds)
+        value, ttl = json.dumps(current), 10 * resets.lock_ttl_seconds
+        # Written again while leading if Redis missed it: the record a successor needs to tell
+        # that this reset was abandoned, were this replica to die mid-reset.
+        self._current_unsent = None if await self.records.put(CURRENT, value, ttl) else (value, ttl)
         outcome, detail = "lost_lock", "leadership lost during the reset"
         phases = PhaseClock()
         try:
@@ -185,6 +189,7 @@ class ResetCoordinator:
                 group.start_soon(work)
         finally:
             with anyio.CancelScope(shield=True):
+                self._current_unsent = None
                 spent_in = phases.stop()
                 await self._mark(tier, None, token)
                 await self.records.put(CURRENT, None, ttl=1)
@@ -270,6 +275,10 @@ class ResetCoordinator:
                 stop()
                 return
             await self.marks.renew(ttl)
+            if self._current_unsent is not None:
+                value, current_ttl = self._current_unsent
+                if await self.records.put(CURRENT, value, current_ttl):
+                    self._current_unsent = None
 
     async def _mark(self, tier: str, state: TierState | None, token: int) -> None:
         """Publish ``tier``'s state to every replica (``None``: back to normal)."""

@@ -367,6 +367,27 @@ def test_the_leaders_renewal_repairs_a_missed_mark_and_never_brings_back_an_old_
     assert marks == after
 
 
+def test_the_leaders_renewal_writes_a_missed_current_record_again(
+    three_stubs: list[str], tmp_path: Path
+) -> None:
+    """Seen on an AMX Xeon: the record of a reset in progress stayed local (the process stalled
+    past op_timeout), so when the leader died mid-reset its successor found nothing to call
+    abandoned. The leader writes it again at its next renewal."""
+    record = json.dumps({"tier": "int4", "token": 1, "started_at": 0.0, "leader": "a"})
+
+    async def scenario(coordinator: ResetCoordinator, runtime: Runtime) -> Any:
+        coordinator._current_unsent = (record, 30.0)  # what a put that stayed local leaves
+        await coordinator.lock.acquire()
+        with anyio.move_on_after(0.5):  # renewals every scrape interval (0.05 s here)
+            await coordinator._keep_leading("int4", 1, lambda: None)
+        return await coordinator.records.get(CURRENT), coordinator._current_unsent
+
+    policy = _policy(tmp_path, lock_ttl_seconds=0.3)
+    (current, unsent), _ = _with_coordinator(three_stubs, policy, scenario, [NOON])
+    assert current == record
+    assert unsent is None
+
+
 def test_a_replica_cut_off_from_redis_never_repairs_its_marks_over_a_live_leaders(
     three_stubs: list[str], tmp_path: Path
 ) -> None:
