@@ -45,21 +45,21 @@ def request_cost(body: Mapping[str, Any], kind: Kind, limits: LimitsPolicy) -> i
             raise _invalid_type("temperature", "a number")
         if not temperature >= 0:
             raise _invalid_value("temperature", f"'temperature' is {temperature}; it must be >= 0")
-    n = _count(body, "n", 1, limits.max_n, default=1)
+    n = count_field(body, "n", 1, limits.max_n, default=1)
     sequences = n
     if kind is not Kind.CHAT:
-        best_of = _count(body, "best_of", n, limits.max_best_of, default=n)
+        best_of = count_field(body, "best_of", n, limits.max_best_of, default=n)
         sequences = max(n, best_of)
     if kind is Kind.CHAT:
         logprobs = body.get("logprobs")
         if logprobs is not None and not isinstance(logprobs, bool):
             raise _invalid_type("logprobs", "a boolean")
-        _count(body, "top_logprobs", 0, limits.max_logprobs, default=0)
+        count_field(body, "top_logprobs", 0, limits.max_logprobs, default=0)
         echoed = 0
     else:
-        logprobs_count = _count(body, "logprobs", 0, limits.max_logprobs, default=0)
+        logprobs_count = count_field(body, "logprobs", 0, limits.max_logprobs, default=0)
         echoed = logprobs_count if body.get("echo") is True else 0
-    prompt_logprobs = _count(body, "prompt_logprobs", 0, None, default=0)
+    prompt_logprobs = count_field(body, "prompt_logprobs", 0, None, default=0)
     if max(prompt_logprobs, echoed) > limits.max_prompt_logprobs:
         field = "prompt_logprobs" if prompt_logprobs >= echoed else "echo"
         allowed = limits.max_prompt_logprobs
@@ -93,10 +93,11 @@ def _prompts(body: Mapping[str, Any], kind: Kind, limits: LimitsPolicy) -> int:
     return len(prompt)
 
 
-def _count(
+def count_field(
     body: Mapping[str, Any], field: str, least: int, most: int | None, *, default: int
 ) -> int:
-    """The integer ``body[field]`` (``default`` when absent or null) within [least, most]."""
+    """The integer ``body[field]`` (``default`` when absent or null) within [least, most];
+    ``APIError`` (400 ``invalid_type`` / ``invalid_value``) naming the field otherwise."""
     value = body.get(field)
     if value is None:
         return default

@@ -30,7 +30,7 @@ from typing import Any
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError
 from gateway.policy.schema import RoutingPolicy
 from gateway.request.classify import CompiledClasses, classify_request
-from gateway.request.costs import request_cost
+from gateway.request.costs import count_field, request_cost
 from gateway.request.kind import Kind
 from gateway.request.limits import check_limits, check_prompt
 from gateway.request.prompt_bound import bound_decides
@@ -214,22 +214,7 @@ def requested_max_tokens(body: Mapping[str, Any], kind: Kind) -> tuple[str, int 
 
 def _length(body: Mapping[str, Any], field: str) -> int | None:
     """``body[field]`` as a completion length: absent or null, else an integer >= 1."""
-    value = body.get(field)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise APIError(
-            400, f"'{field}' must be an integer", INVALID_REQUEST, param=field, code="invalid_type"
-        )
-    if value < 1:
-        raise APIError(
-            400,
-            f"'{field}' must be at least 1, got {value}",
-            INVALID_REQUEST,
-            param=field,
-            code="invalid_value",
-        )
-    return value
+    return None if body.get(field) is None else count_field(body, field, 1, None, default=1)
 
 
 def _no_chain(
