@@ -47,8 +47,9 @@ from gateway.request.aiohttp_transport import AiohttpTransport
 from gateway.request.classify import CompiledClasses
 from gateway.request.fast_routes import CompletionRoutes
 from gateway.request.limits import TokenCounter
+from gateway.request.models import list_models
 from gateway.request.prompt_count import ByteCounter, PromptCounter
-from gateway.request.proxy import chat_completions, completions, list_models
+from gateway.request.proxy import chat_completions, completions
 from gateway.request.upstream import Upstream
 from gateway.request_log import RequestLog
 from gateway.runtime import (

@@ -14,18 +14,16 @@ tokens are attributes of the request's server span (gateway/request/exchange.py)
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.trace import Span
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from backends.tier_state import TierState
 from gateway.auth import KEY_DIGEST, KEY_ID
 from gateway.control.live_guard import GuardSettings, per_who_cap
 from gateway.control.shadow import ShadowJob
@@ -34,7 +32,7 @@ from gateway.policy.schema import RoutingPolicy
 from gateway.policy.store import ActivePolicy
 from gateway.request.answer_usage import MalformedAnswer, answer_usage
 from gateway.request.body import check_model, parse_json_object, read_body, wants_stream
-from gateway.request.chain import NO_SERVER, open_chain
+from gateway.request.chain import open_chain
 from gateway.request.completion import CompletionRequest, tier_body
 from gateway.request.endpoint_choice import Saturation, endpoint_id, session_key
 from gateway.request.exchange import Exchange
@@ -49,7 +47,7 @@ from gateway.request.relay import (
     whole_response,
 )
 from gateway.request.resume import stream_resumer, use_tier_count
-from gateway.request.upstream import Opened, UpstreamFailed, aclose_quietly
+from gateway.request.upstream import Opened, UpstreamFailed
 from gateway.request.whole import assembled_answer
 from gateway.runtime import Runtime, get_runtime
 from gateway.telemetry import inject_trace_headers
@@ -104,40 +102,45 @@ async def _relay_completion(request: Request, kind: Kind) -> Response:
                     public="the gateway is at capacity; retry shortly",
                 )
             exchange.on_finish = runtime.admission.leave
-            answer, shadow = await _completion(request, body, kind, runtime, exchange)
+            received = Received(request, body, kind, runtime, exchange)
+            answer, shadow = await _completion(received)
     if shadow is not None:  # once the exchange is finished (a whole answer) or owned by its stream
         offer_shadow(runtime, shadow)
     return answer
 
 
-async def _completion(
-    request: Request, body: dict[str, Any], kind: Kind, runtime: Runtime, exchange: Exchange
-) -> tuple[Response, ShadowJob | None]:
+class Received(NamedTuple):
+    """What every phase of a completion reads: the HTTP request, its body (parsed, screened),
+    its kind, the runtime and the request's exchange."""
+
+    request: Request
+    body: dict[str, Any]
+    kind: Kind
+    runtime: Runtime
+    exchange: Exchange
+
+
+async def _completion(received: Received) -> tuple[Response, ShadowJob | None]:
     """The answer, and the job to offer to shadow sampling when a tier answered 200: the
     request assessed, decided into one value, then answered by the first tier of its chain
     that takes it (or 499 when the client leaves first)."""
+    request, runtime, exchange = received.request, received.runtime, received.exchange
     active = runtime.policies.active  # one policy for the whole request
-    found = await _assess(request, body, kind, runtime, active, exchange)
-    decided, upstream_span = _decide(request, body, kind, found, runtime, active.policy, exchange)
+    found = await _assess(received, active)
+    decided, upstream_span = _decide(received, found, active.policy)
     answer = partial(_answer, runtime, decided, exchange, upstream_span)
     outcome = await unless_client_leaves(request, answer)
     if outcome is None:
-        logger.info("client left %s before the answer; upstream request closed", kind.path)
+        logger.info("client left %s before the answer; upstream request closed", received.kind.path)
         exchange.set_outcome(499)
         return Response(status_code=499), None  # nobody is listening any more
     return outcome
 
 
-async def _assess(
-    request: Request,
-    body: dict[str, Any],
-    kind: Kind,
-    runtime: Runtime,
-    active: ActivePolicy,
-    exchange: Exchange,
-) -> Assessment:
+async def _assess(received: Received, active: ActivePolicy) -> Assessment:
     """Count and classify the prompt (gateway/request/plan.py ``assess``), noted on the
     exchange; the rate limit is charged the rest of what the request costs."""
+    request, body, kind, runtime, exchange = received
     # Classifying and planning are pure computation: span attributes, not spans of their own.
     contexts = [(tier.name, tier.max_model_len) for tier in runtime.config.tiers]
     longest = max(length for _, length in contexts)
@@ -156,16 +159,11 @@ async def _assess(
 
 
 def _decide(
-    request: Request,
-    body: dict[str, Any],
-    kind: Kind,
-    found: Assessment,
-    runtime: Runtime,
-    policy: RoutingPolicy,
-    exchange: Exchange,
+    received: Received, found: Assessment, policy: RoutingPolicy
 ) -> tuple[CompletionRequest, Span]:
     """The request decided (gateway/request/completion.py): its plan and chain of endpoints,
     how its tiers are asked; and the ``upstream`` span whose context they are sent."""
+    request, body, kind, runtime, exchange = received
     full = full_detail(request)
     pinned = request.headers.get(policy.pinning.header)
     limits = saturation_limits(policy)
@@ -333,63 +331,3 @@ async def chat_completions(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     """``POST /v1/completions``."""
     return await _relay_completion(request, Kind.COMPLETIONS)
-
-
-async def list_models(request: Request) -> Response:
-    """``GET /v1/models``: the served model's entry, from the first ready tier that answers."""
-    runtime = get_runtime(request)
-    note_detail(request, runtime)
-    model_name = runtime.config.model_name
-    board = runtime.board
-    limits = saturation_limits(runtime.policies.active.policy)
-    ready = [s.name for s in board.statuses().values() if s.state == TierState.READY]
-    failures: list[str] = []
-    for name in ready:
-        chain = board.endpoint_chain(name, None, limits)
-        if not chain:
-            continue
-        tier = chain[0]
-        try:
-            response = await runtime.upstream.send(tier, "GET", "/v1/models", None, request.headers)
-        except APIError as exc:
-            failures.append(f"{name}: {exc.code}")
-            continue
-        raw = await runtime.upstream.read(tier, response)
-        if response.status_code != 200:
-            await aclose_quietly(response)
-            failures.append(f"{name}: HTTP {response.status_code}")
-            continue
-        return _models_answer(name, raw, model_name)
-    raise APIError(
-        503,
-        f"no tier is available ({', '.join(failures) or 'none is ready'}); retry shortly",
-        SERVER_ERROR,
-        code="no_tier_available",
-        headers={"Retry-After": "5"},
-        public=NO_SERVER,
-    )
-
-
-def _models_answer(tier: str, raw: bytes, model_name: str) -> Response:
-    try:
-        payload = json.loads(raw)
-        listed = [entry for entry in payload["data"] if isinstance(entry, dict)]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise APIError(
-            502,
-            f"tier '{tier}' sent a malformed /v1/models answer",
-            SERVER_ERROR,
-            code="upstream_error",
-            public="the model server sent a malformed model list",
-        ) from exc
-    served = [entry for entry in listed if entry.get("id") == model_name]
-    if not served:
-        ids = ", ".join(str(entry.get("id")) for entry in listed) or "nothing"
-        raise APIError(
-            502,
-            f"tier '{tier}' does not serve model '{model_name}' (it lists {ids})",
-            SERVER_ERROR,
-            code="model_mismatch",
-            public=f"the model server does not serve model '{model_name}'",
-        )
-    return JSONResponse({"object": "list", "data": served}, headers={TIER_HEADER: tier})

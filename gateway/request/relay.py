@@ -36,27 +36,19 @@ from gateway.errors import (
     sse_error_event,
     tier_error,
 )
-from gateway.request.chain import NO_SERVER, open_chain
 from gateway.request.continuation import CUT, ends_answer, split_error
-from gateway.request.exchange import Exchange, SSECounter
+from gateway.request.exchange import Exchange
 from gateway.request.resumable import relay_resumable, tier_error_event
 from gateway.request.resume import use_tier_count
 from gateway.request.sse import EventBuffer, ends_event
+from gateway.request.sse_counter import SSECounter
 from gateway.request.stream_usage import without_usage
+from gateway.request.taps import Taps
 from gateway.request.upstream import Opened, UpstreamFailed, aclose_quietly, event_too_large
 from gateway.serving import serving_state
 
 if TYPE_CHECKING:
     from gateway.request.resume import Resumer
-
-__all__ = [
-    "NO_SERVER",
-    "Reply",
-    "UpstreamStreamingResponse",
-    "open_chain",
-    "relay_sse",
-    "whole_response",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -164,17 +156,13 @@ class WholeAnswer(Response):
                     await self._exchange.answer_sent()
 
 
-async def relay_sse(
-    opened: Opened,
-    counter: SSECounter | None = None,
-    on_first_byte: Callable[[], None] | None = None,
-    full: bool = True,
-) -> AsyncGenerator[bytes, None]:
+async def relay_sse(opened: Opened, taps: Taps) -> AsyncGenerator[bytes, None]:
     """Yield upstream bytes as they arrive; a failure mid-stream ends with an SSE error event,
     as does a stream that closes with neither a finish_reason nor ``[DONE]`` (cut mid-answer).
     Without ``full`` detail complete events are relayed, so that a tier's own error event is
     replaced by the gateway's (``tier_error_event``); with it, bytes as they come."""
     upstream, tier, response = opened.upstream, opened.tier, opened.response
+    counter, on_first_byte, full = taps
     tail = b"\n\n"
     ended = False  # a finish_reason or [DONE] went by (looked for across chunk edges too)
     buffer = EventBuffer()  # without full detail: what followed the last event boundary
@@ -191,33 +179,28 @@ async def relay_sse(
                     chunk = buffer.feed(chunk)
                     chunk, failure = split_error(chunk)
                 if chunk:
-                    if counter is not None:
-                        counter.feed(chunk)
+                    counter.feed(chunk)
                     if not ended:
                         ended = ends_answer(chunk) or ends_answer(tail + chunk[:_EDGE])
                     tail = (tail + chunk[-_EDGE:])[-_EDGE:]
                     yield chunk
                 if failure is not None:
-                    if counter is not None:
-                        counter.failure = failure.status or 502
+                    counter.failure = failure.status or 502
                     yield tier_error_event(tier, failure, full)
                     return
                 if buffer.held > upstream.max_answer_bytes:  # the events before it went
                     raise event_too_large(tier, upstream.max_answer_bytes)
         if pending := buffer.rest():
-            if counter is not None:
-                counter.feed(pending)
+            counter.feed(pending)
             ended = ended or ends_answer(tail + pending)
             tail = (tail + pending[-_EDGE:])[-_EDGE:]
             yield pending
         if not ended:
             logger.warning("tier %s: %s", tier.name, CUT)
             raise UpstreamFailed(tier.name, CUT)
-        if counter is not None:
-            counter.completed = True
+        counter.completed = True
     except APIError as exc:
-        if counter is not None:
-            counter.failure = exc.status
+        counter.failure = exc.status
         separator = b"" if ends_event(tail) else b"\n\n"
         yield separator + sse_error_event(exc, full)
     finally:
@@ -249,10 +232,11 @@ class UpstreamStreamingResponse(StreamingResponse):
         if exchange is not None:
             exchange.hand_to_stream()
             first_byte = exchange.first_byte
+        taps = Taps(self._counter, first_byte, full)
         if resumer is None:
-            self._chunks = relay_sse(opened, self._counter, first_byte, full)
+            self._chunks = relay_sse(opened, taps)
         else:
-            self._chunks = relay_resumable(opened, self._counter, first_byte, full, resumer)
+            self._chunks = relay_resumable(opened, taps, resumer)
             if not usage_asked:
                 self._chunks = without_usage(self._chunks)
         super().__init__(

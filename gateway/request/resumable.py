@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING
 from gateway.config import TierEndpoint
 from gateway.errors import APIError, sse_error_event, tier_error
 from gateway.request.continuation import CUT, SentEvents, TierError, ends_answer, split_error
-from gateway.request.exchange import SSECounter
 from gateway.request.kind import Kind
 from gateway.request.sse import DONE, EventBuffer, ends_event
+from gateway.request.sse_counter import SSECounter
 from gateway.request.stream_watch import Degenerated, StreamWatch
+from gateway.request.taps import Taps
 from gateway.request.upstream import Opened, UpstreamFailed, aclose_quietly, event_too_large
 
 if TYPE_CHECKING:
@@ -38,15 +39,12 @@ logger = logging.getLogger(__name__)
 
 
 async def relay_resumable(
-    opened: Opened,
-    counter: SSECounter,
-    on_first_byte: Callable[[], None] | None,
-    full: bool,
-    resumer: Resumer,
+    opened: Opened, taps: Taps, resumer: Resumer
 ) -> AsyncGenerator[bytes, None]:
     """Yield the answer's complete events, continuing it on another tier when its own fails
     (see the module docstring)."""
     upstream, tier, response = opened.upstream, opened.tier, opened.response
+    counter, on_first_byte, full = taps
     sent = SentEvents(resumer.request.kind is Kind.CHAT)  # what the client was sent
     rewrite: Callable[[bytes], bytes] | None = None
     preface = b""  # what goes before a continuation's events (the SSE comment saying so)

@@ -9,11 +9,12 @@ from contextlib import aclosing
 
 from gateway.request.answer_usage import MalformedAnswer, answer_usage
 from gateway.request.assemble import Assembler
-from gateway.request.exchange import SSECounter
 from gateway.request.kind import Kind
 from gateway.request.relay import Reply, WholeAnswer, relay_sse
 from gateway.request.resumable import relay_resumable
 from gateway.request.resume import Resumer, use_tier_count
+from gateway.request.sse_counter import SSECounter
+from gateway.request.taps import Taps
 from gateway.request.upstream import Opened
 
 CONTINUED_HEADER = "x-route-continued"
@@ -29,9 +30,9 @@ async def assembled_answer(
     exchange, full = reply.exchange, reply.full
     counter, assembler = SSECounter(), Assembler(kind is Kind.CHAT)
     if resumer is not None:
-        relay = relay_resumable(opened, counter, None, full, resumer)
+        relay = relay_resumable(opened, Taps(counter, None, full), resumer)
     else:
-        relay = relay_sse(opened, counter, None, full)
+        relay = relay_sse(opened, Taps(counter, None, full))
     async with aclosing(relay) as chunks:
         async for chunk in chunks:
             assembler.feed(chunk)

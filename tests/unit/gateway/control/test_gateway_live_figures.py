@@ -130,7 +130,8 @@ def test_the_exchange_hands_its_answer_to_the_observer() -> None:
             exchange.endpoint = "http://a"
             exchange.first_byte()
             exchange.hand_to_stream()
-        await exchange.stream_ended(200, 5, prompt_tokens=30)
+        exchange.input_tokens = 30  # the tier's count, taken as resume.use_tier_count does
+        await exchange.stream_ended(200, 5)
 
     anyio.run(main)
     assert seen == [

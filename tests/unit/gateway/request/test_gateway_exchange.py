@@ -10,8 +10,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from gateway.config import TierEndpoint
 from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
-from gateway.request.exchange import Exchange, SSECounter
+from gateway.request.exchange import Exchange
 from gateway.request.relay import Reply, whole_response
+from gateway.request.sse_counter import SSECounter
 from gateway.shared.state import SharedState
 from gateway.telemetry import build_tracer_provider
 

@@ -18,7 +18,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.request.exchange import MAX_LINE, SSECounter
 from gateway.request.sse import (
     BOUNDARIES,
     EventBuffer,
@@ -30,6 +29,7 @@ from gateway.request.sse import (
     read_payloads,
     split_events,
 )
+from gateway.request.sse_counter import MAX_LINE, SSECounter
 
 CHAT = {"model": "stub-model", "messages": [{"role": "user", "content": "Capital of France?"}]}
 
