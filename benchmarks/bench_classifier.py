@@ -53,9 +53,9 @@ sys.path.insert(0, str(ROOT))
 from classifier import evaluate  # noqa: E402
 from common.class_categories import LONG  # noqa: E402
 from gateway.policy.schema import PolicyError  # noqa: E402
-from gateway.request.classify import CompiledClasses, classify_request  # noqa: E402
-from gateway.request.limits import TokenCounter, TokenizerError, read_chat_template  # noqa: E402
-from gateway.request.prefilter import Scan  # noqa: E402
+from gateway.request.classify.classes import CompiledClasses, classify_request  # noqa: E402
+from gateway.request.classify.prefilter import Scan  # noqa: E402
+from gateway.request.tokens.limits import TokenCounter, TokenizerError, read_chat_template  # noqa: E402
 from measure.frontier import Outcome, Point, Speed, all_points, pareto  # noqa: E402
 from measure.serving_stats import percentile  # noqa: E402
 from model_optimizer.envs import cache_root  # noqa: E402

@@ -11,7 +11,7 @@ measure/data/gsm8k_eval.jsonl, alternately: test data, never used to choose the 
 settings, which are the shipped policy's defaults, set before this was run) is streamed from
 every tier directly, tiers interleaved per prompt, at the model's default sampling (no
 temperature sent), as a client would ask. Each answer's events go through the gateway's own
-``StreamWatch`` with the policy's detectors (gateway/request/stream_watch.py), as a watched
+``StreamWatch`` with the policy's detectors (gateway/request/stream/stream_watch.py), as a watched
 stream would. The reference tier's flags are false positives (its answers are what the others
 are measured against); a lower tier's flags are the answers escalation would have continued
 elsewhere. Prints a table; ``--json`` keeps each flagged answer's text and verdict.
@@ -38,9 +38,9 @@ sys.path.insert(0, str(ROOT))
 
 from gateway.policy.escalation import EscalationPolicy  # noqa: E402
 from gateway.policy.schema import load_policy  # noqa: E402
-from gateway.request.chunk import read_chunk  # noqa: E402
-from gateway.request.sse import EventBuffer, payloads  # noqa: E402
-from gateway.request.stream_watch import StreamWatch  # noqa: E402
+from gateway.request.events.chunk import read_chunk  # noqa: E402
+from gateway.request.events.sse import EventBuffer, payloads  # noqa: E402
+from gateway.request.stream.stream_watch import StreamWatch  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 

@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from backends.process import free_port  # noqa: E402
-from gateway.request.endpoint_choice import SESSION_HEADER, endpoint_id  # noqa: E402
+from gateway.request.route.endpoint_choice import SESSION_HEADER, endpoint_id  # noqa: E402
 from measure.conversations import (  # noqa: E402
     MODES,
     Phase,

@@ -4,7 +4,7 @@
         benchmarks/bench_prompt_count.py [--turns 10] [--conversations 20] [--rounds 5]
 
 A chat client sends the whole conversation at every turn; the gateway counts its prompt tokens
-(gateway/request/limits.py, the default model's tokenizer and chat template) before routing.
+(gateway/request/tokens/limits.py, the default model's tokenizer and chat template) before routing.
 Conversations are built from measure/data/gsm8k_eval.jsonl (test data, not used to tune
 anything here): each turn a question as the user and its reference answer as the assistant;
 turn k sends the first 2k - 1 messages. Each round counts every turn of every conversation once
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_gateway import find_tokenizer_dir  # noqa: E402
-from gateway.request.limits import TokenCounter  # noqa: E402
+from gateway.request.tokens.limits import TokenCounter  # noqa: E402
 
 DATA = ROOT / "measure" / "data" / "gsm8k_eval.jsonl"
 LIMIT = 32_768  # the counts are exact up to here: every conversation below fits

@@ -38,8 +38,8 @@ from backends.spec import load_spec  # noqa: E402
 from backends.supervisor import Supervisor  # noqa: E402
 from backends.tier_plan import resolve_tiers  # noqa: E402
 from common.cpu import machine_flags  # noqa: E402
-from gateway.request.chunk import read_chunk  # noqa: E402
-from gateway.request.sse import aread_payloads  # noqa: E402
+from gateway.request.events.chunk import read_chunk  # noqa: E402
+from gateway.request.events.sse import aread_payloads  # noqa: E402
 from measure.serving_stats import percentile  # noqa: E402
 from model_optimizer.envs import cache_root, env_python  # noqa: E402
 from model_optimizer.optimize import installed_vllm  # noqa: E402

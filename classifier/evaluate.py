@@ -1,9 +1,9 @@
 """``model-optimizer classifier evaluate``: the classifier's figures on labeled prompts.
 
 Pure Python (the gateway environment): each prompt is sent through the gateway's own
-classification (gateway/request/classify.py ``classify_request``) as a one-message chat, under a
-policy's ``classes`` section: the shipped policy (the model, its threshold and overrides) and,
-side by side, the keyword rules (policies/classes-keyword-rules.yaml). Token counts are not
+classification (gateway/request/classify/classes.py ``classify_request``) as a one-message chat,
+under a policy's ``classes`` section: the shipped policy (the model, its threshold and overrides)
+and, side by side, the keyword rules (policies/classes-keyword-rules.yaml). Token counts are not
 needed: ``long`` is decided by tokens alone and is not part of these sets.
 
 Reported per file: accuracy over the three classes, the binary precise-vs-tolerant accuracy
@@ -26,7 +26,7 @@ from typing import Any
 from common.class_categories import CODE, MATH, TOLERANT
 from gateway.policy.classes import ClassesPolicy
 from gateway.policy.schema import PolicyError, load_policy, parse_policy
-from gateway.request.classify import CompiledClasses, classify_request
+from gateway.request.classify.classes import CompiledClasses, classify_request
 
 ROOT = Path(__file__).resolve().parent.parent
 HELDOUT = ROOT / "classifier" / "data" / "heldout.jsonl"

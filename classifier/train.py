@@ -4,15 +4,15 @@ Runs in the train environment (requirements/train.txt: scikit-learn, numpy, scip
 ``model-optimizer classifier train`` builds that environment and runs ``python -m classifier
 train`` in it. Deterministic for the same data and versions.
 
-Features are gateway/request/prompt_model.py's own (the gateway computes the same ones at request
-time), kept when they occur in at least ``min_df`` training prompts; a prompt's present features
-each weigh ``1 / n ** norm_power`` (``n`` features present). Two logistic regressions (liblinear,
-L2, classes weighted to balance): precise (code or math) against tolerant, and code against math on
-the precise prompts. The norm's power, the regularization ``C`` and the suggested threshold come
-from cross-validation by source (GroupKFold over the training sources, so each fold is scored on
-sources it did not see): the (power, C) pair with the least out-of-fold log loss, and the threshold
-that keeps ``TARGET_RECALL`` of the precise prompts out of fold. The held-out file is never read
-here."""
+Features are gateway/request/classify/prompt_model.py's own (the gateway computes the same ones at
+request time), kept when they occur in at least ``min_df`` training prompts; a prompt's present
+features each weigh ``1 / n ** norm_power`` (``n`` features present). Two logistic regressions
+(liblinear, L2, classes weighted to balance): precise (code or math) against tolerant, and code
+against math on the precise prompts. The norm's power, the regularization ``C`` and the suggested
+threshold come from cross-validation by source (GroupKFold over the training sources, so each fold
+is scored on sources it did not see): the (power, C) pair with the least out-of-fold log loss, and
+the threshold that keeps ``TARGET_RECALL`` of the precise prompts out of fold. The held-out file is
+never read here."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from sklearn.model_selection import GroupKFold
 from common.prompt_features import features
 
 ROOT = Path(__file__).resolve().parent.parent
-# gateway/request/prompt_model.py reads it
+# gateway/request/classify/prompt_model.py reads it
 FORMAT, FORMAT_VERSION = "model-optimizer/prompt-model", 2
 TRAIN = ROOT / "classifier" / "data" / "train.jsonl"
 HEAD_CHARS, TAIL_CHARS = 1536, 512

@@ -1,5 +1,6 @@
 """A prompt's features for the request classifier's model: shared by the gateway (inference,
-gateway/request/prompt_model.py) and the training (classifier/train.py), so both see the same thing.
+gateway/request/classify/prompt_model.py) and the training (classifier/train.py), so both see the
+same thing.
 
 Standard library only. All features are binary (present or not) and read from a bounded window
 (the first ``head`` and the last ``tail`` characters of the text):

@@ -14,7 +14,7 @@ import sys
 from gateway.app import load_counter, load_policies, serve
 from gateway.config import API_KEYS_ENV, ConfigError, keys_from_environment, load_config
 from gateway.policy.schema import PolicyError
-from gateway.request.limits import TokenizerError
+from gateway.request.tokens.limits import TokenizerError
 
 
 def is_loopback(host: str) -> bool:

@@ -43,14 +43,14 @@ from gateway.openapi import openapi_document
 from gateway.policy.derive import TierFigures
 from gateway.policy.route_changes import RouteChange, first_tiers
 from gateway.policy.store import ActivePolicy, PolicyStore
-from gateway.request.aiohttp_transport import AiohttpTransport
-from gateway.request.classify import CompiledClasses
-from gateway.request.fast_routes import CompletionRoutes
-from gateway.request.limits import TokenCounter
-from gateway.request.models import list_models
-from gateway.request.prompt_count import ByteCounter, PromptCounter
-from gateway.request.proxy import chat_completions, completions
-from gateway.request.upstream import Upstream
+from gateway.request.classify.classes import CompiledClasses
+from gateway.request.completions.fast_routes import CompletionRoutes
+from gateway.request.completions.models import list_models
+from gateway.request.completions.proxy import chat_completions, completions
+from gateway.request.tokens.limits import TokenCounter
+from gateway.request.tokens.prompt_count import ByteCounter, PromptCounter
+from gateway.request.upstream.aiohttp_transport import AiohttpTransport
+from gateway.request.upstream.client import Upstream
 from gateway.request_log import RequestLog
 from gateway.runtime import (
     Admission,
@@ -194,7 +194,8 @@ def create_app(
             shared=current_shared,
             on_reject=metrics.reject,
         ),
-        # innermost: the completion paths skip Starlette's router (gateway/request/fast_routes.py)
+        # innermost: the completion paths skip Starlette's router
+        # (gateway/request/completions/fast_routes.py)
         Middleware(CompletionRoutes, endpoints=completion_endpoints),
     ]
     app = Starlette(

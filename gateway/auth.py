@@ -8,9 +8,10 @@
   that many units per 60 s across all replicas (gateway/shared/state.py); over it: 429 with
   ``Retry-After``. A request takes one unit here; a completion that generates several
   sequences (``n``, ``best_of``, list prompts) takes the rest once its body is read, through
-  the ``rate_charge`` the middleware leaves in the request's state (gateway/request/proxy.py);
-  one costing more than the whole limit is a 400. The matched key's digest prefix is left in
-  the request's state (``KEY_ID``) for what counts per key (the live guard).
+  the ``rate_charge`` the middleware leaves in the request's state
+  (gateway/request/completions/proxy.py); one costing more than the whole limit is a 400. The
+  matched key's digest prefix is left in the request's state (``KEY_ID``) for what counts per key
+  (the live guard).
 - ``/admin/...``: always needs an admin key (``admin_key_hashes``); none configured means the
   admin API is off (403).
 - Failed keys: each client address gets ``admin_rate_limit_per_minute`` requests without a

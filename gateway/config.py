@@ -237,7 +237,7 @@ class GatewayConfig(BaseModel):
     # may take at most max_head_bytes (past it: 400 and the connection closed).
     http_parser: Literal["httptools", "h11"] = "httptools"
     # How the gateway talks to its tiers, under httpx's API: aiohttp's pool and parser
-    # (gateway/request/aiohttp_transport.py) or httpx's own (httpcore).
+    # (gateway/request/upstream/aiohttp_transport.py) or httpx's own (httpcore).
     upstream_transport: Literal["aiohttp", "httpx"] = "aiohttp"
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     max_head_bytes: int = Field(default=65_536, ge=1024)

@@ -11,7 +11,12 @@ from backends.tier_state import TierState
 from gateway.config import TierEndpoint
 from gateway.control.tier_status import scrape_pools
 from gateway.errors import SERVER_ERROR, APIError, error_response
-from gateway.request.upstream import Upstream, UpstreamTimeout, UpstreamUnavailable, aclose_quietly
+from gateway.request.upstream.client import (
+    Upstream,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    aclose_quietly,
+)
 from gateway.runtime import Runtime, get_runtime
 
 

@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 
 from backends.tier_state import TierState
 from gateway.control.tier_signals import TierSignals
-from gateway.request.endpoint_choice import EndpointStatus
+from gateway.request.route.endpoint_choice import EndpointStatus
 from gateway.serving import ServingState
 
 NO_TIER = "none"

@@ -5,8 +5,9 @@ The document is the gateway's contract: a body it calls invalid is refused by th
 (a 4xx, never forwarded), and a valid one is answered or refused only over a limit (the prompt's
 length, the body's size). Request bodies allow other fields (``additionalProperties``): vLLM's
 extensions travel to vLLM, which checks them, unless the policy's ``fields`` refuses one (a 400
-naming it); a field no tier knows is dropped, as vLLM ignores it (gateway/request/fields.py).
-Schemathesis fuzzes the gateway as shipped from this document (tests/shipped_fuzz.py).
+naming it); a field no tier knows is dropped, as vLLM ignores it
+(gateway/request/completions/fields.py). Schemathesis fuzzes the gateway as shipped from this
+document (tests/shipped_fuzz.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from gateway.policy.fields import FieldsPolicy
 from gateway.policy.schema import LimitsPolicy
-from gateway.request.fields import Rule, field_rules
+from gateway.request.completions.fields import Rule, field_rules
 
 ERROR = {
     "type": "object",
@@ -60,8 +61,8 @@ def _count(least: int, most: int | None) -> dict[str, Any]:
 
 
 def _bounded(limits: LimitsPolicy | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The fields the gateway bounds by the policy's ``limits`` (gateway/request/costs.py), for
-    chat and for completions. Left out: ``best_of`` (it must be >= ``n``) and ``echo`` (it
+    """The fields the gateway bounds by the policy's ``limits`` (gateway/request/tokens/costs.py),
+    for chat and for completions. Left out: ``best_of`` (it must be >= ``n``) and ``echo`` (it
     counts ``logprobs`` as prompt logprobs): bounds across two fields, which JSON Schema cannot
     state; the gateway checks them all the same."""
     top = limits.max_logprobs if limits else None
@@ -83,8 +84,8 @@ def _bounded(limits: LimitsPolicy | None) -> tuple[dict[str, Any], dict[str, Any
 
 
 def _screened(fields: FieldsPolicy, limits: LimitsPolicy | None, chat: bool) -> dict[str, Any]:
-    """The fields the policy's ``fields`` screens (gateway/request/fields.py): a refused one
-    may take no value at all (``not: {}``: a client must leave it out), ``logprob_token_ids``
+    """The fields the policy's ``fields`` screens (gateway/request/completions/fields.py): a refused
+    one may take no value at all (``not: {}``: a client must leave it out), ``logprob_token_ids``
     at most ``max_logprobs`` ids, ``chat_template_kwargs`` only the keys the policy lists."""
     out: dict[str, Any] = {}
     for name, rule in sorted(field_rules(fields, chat).items()):

@@ -18,8 +18,8 @@ from gateway.control.tier_status import TierBoard
 from gateway.metrics import GatewayMetrics
 from gateway.policy.schema import RoutingPolicy
 from gateway.policy.store import ActivePolicy
-from gateway.request.prompt_count import PromptCounter
-from gateway.request.upstream import Upstream
+from gateway.request.tokens.prompt_count import PromptCounter
+from gateway.request.upstream.client import Upstream
 from gateway.request_log import RequestLog
 from gateway.shared.state import SharedState
 

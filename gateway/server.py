@@ -17,7 +17,7 @@
   ``send_timeout`` seconds to read it back under the low-water mark, else the connection is
   aborted and the request's slot freed (NGINX's ``send_timeout``, between two successive
   writes; counted in ``gateway_slow_clients_aborted_total``, logged at info).
-  Bodies are timed by the app (``body_timeout``, gateway/request/proxy.py).
+  Bodies are timed by the app (``body_timeout``, gateway/request/completions/proxy.py).
 - ``loop``: uvloop (libuv) or asyncio's own event loop (``event_loop``).
 - ``access_log``: off unless configured (gateway/request_log.py logs a sample instead).
 - ``limit_concurrency``: ``max_connections``; past it uvicorn answers 503 at once.
@@ -56,7 +56,7 @@ from gateway.serving import serving_state
 logger = logging.getLogger(__name__)
 _LOG_EVERY = 60.0  # seconds between two log lines about refused connections
 # Seconds past shutdown_timeout before uvicorn cancels what is left: the drained streams'
-# error events are written meanwhile (gateway/request/relay.py gives them 1 s).
+# error events are written meanwhile (gateway/request/stream/relay.py gives them 1 s).
 SHUTDOWN_FLUSH = 2.0
 
 

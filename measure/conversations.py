@@ -12,7 +12,7 @@ blocks only: 128 tokens on vLLM-CPU); another replica does not.
 How a conversation's turns are keyed (``MODES``):
 
 - ``affinity``: one session key for the whole conversation (``x-session-id``): the gateway keeps
-  it on its rendezvous-hashing replica (gateway/request/endpoint_choice.py);
+  it on its rendezvous-hashing replica (gateway/request/route/endpoint_choice.py);
 - ``spread``: a fresh random session key per turn: each turn lands on a replica drawn by the
   hash, as a balancer without affinity spreads a conversation (the gateway has no switch that
   turns affinity off; this is its baseline);
@@ -36,7 +36,7 @@ import httpx
 from backends.metrics import TierMetrics, delta, parse_metrics
 
 QUESTIONS = Path(__file__).resolve().parent / "data" / "vicuna_bench_questions.jsonl"
-SESSION_HEADER = "x-session-id"  # gateway/request/endpoint_choice.py's
+SESSION_HEADER = "x-session-id"  # gateway/request/route/endpoint_choice.py's
 MODES = ("affinity", "spread", "none")
 SYSTEM_QUESTIONS = 24  # ~450 tokens of system prompt
 TURN_QUESTIONS = 6  # ~110 tokens per user turn

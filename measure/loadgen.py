@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from gateway.request.chunk import read_chunk
-from gateway.request.sse import aread_payloads
+from gateway.request.events.chunk import read_chunk
+from gateway.request.events.sse import aread_payloads
 from measure.serving_stats import RequestResult
 
 ERROR_CHARS = 300

@@ -9,8 +9,8 @@ back only when an operator restores it (``POST /admin/tiers/{tier}/restore``), w
 to follow a fresh in-engine check (``model-optimizer check --serving``); its window starts
 empty then.
 
-Escalations feed it too (``escalation.guard`` in the policy; gateway/request/proxy.py): each
-watched stream of a tier adds 1 (it finished) or 0 (it degenerated and was escalated) to a
+Escalations feed it too (``escalation.guard`` in the policy; gateway/request/completions/proxy.py):
+each watched stream of a tier adds 1 (it finished) or 0 (it degenerated and was escalated) to a
 window of its own (``source="escalation"``) with the floor ``1 - max_rate``; a tier that keeps
 escalating a class is withheld from it the same way. Those outcomes carry who asked (an API
 key's digest prefix, or the client's address without keys): with ``per_who`` set, one asker's

@@ -9,7 +9,8 @@ endpoints in pool order and, for each,
    and only while another endpoint of the tier stays ready (the last ready endpoint of a tier
    is never drained; the roll stops there and says so);
 2. marks it ``draining`` for every replica (an endpoint mark, gateway/control/reset_marks.py),
-   so the endpoint choice (gateway/request/endpoint_choice.py) sends its sessions to the others;
+   so the endpoint choice (gateway/request/route/endpoint_choice.py) sends its sessions to the
+   others;
 3. waits one scrape interval, then until the endpoint's own scraped counts (vLLM's running and
    waiting requests, across every replica) reach zero, at most the drain timeout (past it the
    endpoint is skipped, not reset);
@@ -31,7 +32,7 @@ import anyio
 from backends.client import TierClient, TierClientError
 from backends.tier_state import TierState
 from gateway.control.tier_status import TierBoard
-from gateway.request.endpoint_choice import EndpointStatus
+from gateway.request.route.endpoint_choice import EndpointStatus
 
 _WORST = ("ok", "unverified", "gave_up", "failed")
 

@@ -48,10 +48,10 @@ from gateway.control.tier_status import TierBoard
 from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
 from gateway.policy.schema import ShadowPolicy
-from gateway.request.endpoint_choice import Saturation
-from gateway.request.limits import TokenCounter
-from gateway.request.prompt_count import PromptCounter
-from gateway.request.upstream import Upstream
+from gateway.request.route.endpoint_choice import Saturation
+from gateway.request.tokens.limits import TokenCounter
+from gateway.request.tokens.prompt_count import PromptCounter
+from gateway.request.upstream.client import Upstream
 from gateway.telemetry import ATTR_TIER, inject_trace_headers
 
 logger = logging.getLogger(__name__)

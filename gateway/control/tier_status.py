@@ -34,7 +34,7 @@ from common.class_categories import CLASS_NAMES
 from gateway.config import TierEndpoint
 from gateway.control.live_guard import LiveGuard
 from gateway.errors import APIError
-from gateway.request.endpoint_choice import (
+from gateway.request.route.endpoint_choice import (
     EndpointStatus,
     Saturation,
     choose_endpoints,
@@ -42,8 +42,8 @@ from gateway.request.endpoint_choice import (
     load_key,
     saturated,
 )
-from gateway.request.router import TierStatus
-from gateway.request.upstream import Upstream, aclose_quietly
+from gateway.request.route.router import TierStatus
+from gateway.request.upstream.client import Upstream, aclose_quietly
 
 # Each tier's state as its supervisor sees it (backends/supervisor.py ``Supervisor.states``).
 SupervisorStates = Callable[[], Mapping[str, TierState]]
@@ -204,7 +204,7 @@ class TierBoard:
         self, name: str, session: str | None, limits: Saturation
     ) -> list[TierEndpoint]:
         """The endpoints of tier ``name`` to try for a request, in order
-        (gateway/request/endpoint_choice.py)."""
+        (gateway/request/route/endpoint_choice.py)."""
         choice = choose_endpoints(self.endpoint_statuses(name), session, limits)
         return [self.endpoint(name, url) for url in choice.order]
 

@@ -1,6 +1,6 @@
 """The routing policy's ``classes`` section: how the gateway classifies a request
-(gateway/request/classify.py), schema only. Part of the policy schema (gateway/policy/schema.py
-holds the rest); here so that each module stays one sitting's read.
+(gateway/request/classify/classes.py), schema only. Part of the policy schema
+(gateway/policy/schema.py holds the rest); here so that each module stays one sitting's read.
 
 Every regular expression (keyword-rule patterns, overrides) must compile and pass the
 linear-time rule of gateway/policy/linear.py.
@@ -146,10 +146,10 @@ class MathRule(Section):
 
 
 class ModelRule(Section):
-    """The trained prompt model (gateway/request/prompt_model.py) decides precise vs tolerant:
-    P(precise) at or above ``threshold`` is ``code`` or ``math`` (whichever the model's second
-    regression prefers), below it ``tolerant``. Lower thresholds send more to the precise routes
-    (sending a precise request to a low-precision tier costs more than the reverse)."""
+    """The trained prompt model (gateway/request/classify/prompt_model.py) decides precise vs
+    tolerant: P(precise) at or above ``threshold`` is ``code`` or ``math`` (whichever the model's
+    second regression prefers), below it ``tolerant``. Lower thresholds send more to the precise
+    routes (sending a precise request to a low-precision tier costs more than the reverse)."""
 
     weights: str = Field(min_length=1)  # a weights file, relative to the policy's folder
     threshold: float = Field(gt=0, lt=1)

@@ -1,6 +1,6 @@
 """The routing policy's ``escalation`` section: which streamed answers are watched for
-degeneration (gateway/request/degeneration.py) and continued on the next tier of their chain
-when one degenerates (gateway/request/stream_watch.py). Off while ``tiers`` is empty."""
+degeneration (gateway/request/stream/degeneration.py) and continued on the next tier of their chain
+when one degenerates (gateway/request/stream/stream_watch.py). Off while ``tiers`` is empty."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pydantic import Field
 from common.class_categories import CLASS_NAMES, ClassName
 from common.operator_yaml import Section
 from gateway.policy.classes import PositiveInt
-from gateway.request.degeneration import ConfidenceCheck, LoopCheck, ScriptCheck
+from gateway.request.stream.degeneration import ConfidenceCheck, LoopCheck, ScriptCheck
 
 
 def _all_classes() -> list[ClassName]:

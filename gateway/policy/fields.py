@@ -1,5 +1,5 @@
 """The policy's ``fields`` section: which request fields a client may send a tier, and the
-prefix cache's salt per API key (what each field does: gateway/request/fields.py)."""
+prefix cache's salt per API key (what each field does: gateway/request/completions/fields.py)."""
 
 from __future__ import annotations
 

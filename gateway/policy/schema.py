@@ -8,8 +8,8 @@ Sections:
 - ``tiers``: the tier names this policy may route to (e.g. fp16, int8, int4). Every tier named
   elsewhere must be one of them, so a typo in a route is an error, not a silently dead route.
   Given ``known_tiers`` (the gateway's), ``parse_policy`` also refuses a tier not among them.
-- ``classes`` (schema in gateway/policy/classes.py): the classifier (gateway/request/classify.py):
-  ``long`` by prompt tokens; then the
+- ``classes`` (schema in gateway/policy/classes.py): the classifier
+  (gateway/request/classify/classes.py): ``long`` by prompt tokens; then the
   trained model (``model``: its weights file and the threshold on P(precise)) with operator
   ``overrides``, or the keyword rules (``code`` and ``math`` by weighted signals against a
   threshold); ``tolerant`` is everything else. Every regular expression must pass the
@@ -18,14 +18,14 @@ Sections:
 - ``saturation``: when a tier counts as saturated (skipped) from its scraped metrics.
 - ``limits``: prompt and completion token limits and what to do when a request exceeds them;
   bounds on the fields that multiply a request's cost (n, best_of, list prompts, logprobs,
-  prompt logprobs, tools; gateway/request/costs.py).
+  prompt logprobs, tools; gateway/request/tokens/costs.py).
 - ``fields`` (schema in gateway/policy/fields.py): which vLLM extension fields a client may
-  send (the others are refused or dropped: gateway/request/fields.py) and the prefix cache's
-  salt per API key.
+  send (the others are refused or dropped: gateway/request/completions/fields.py) and the prefix
+  cache's salt per API key.
 - ``pinning``: whether a request header may pin a tier.
 - ``failover``: whether a whole (non-streamed) answer whose tier fails midway is continued on
   the next tier from where it stopped (asked as a stream and assembled,
-  gateway/request/assemble.py) or generated again.
+  gateway/request/stream/assemble.py) or generated again.
 - ``errors``: how much a client is told: ``minimal`` (no tier names, addresses or failures in
   error messages, no ``x-route-reason``) or ``full`` (gateway/errors.py).
 - ``resets``: when the gateway may drain a tier and reset its KV pool (time-of-day windows, a
@@ -154,7 +154,7 @@ class LimitsPolicy(Section):
     max_output_tokens: PositiveInt | None = None
     default_max_tokens: PositiveInt | None = None  # sent when the client gives none
     on_max_tokens_too_large: Literal["clamp", "reject"] = "clamp"
-    # Fields that multiply a request's cost (gateway/request/costs.py).
+    # Fields that multiply a request's cost (gateway/request/tokens/costs.py).
     max_n: PositiveInt = 4
     max_best_of: PositiveInt = 4
     max_prompts: PositiveInt = 4

@@ -55,7 +55,7 @@ from gateway.policy.route_changes import (
     served_routes,
 )
 from gateway.policy.schema import PolicyError, RoutingPolicy, parse_policy
-from gateway.request.classify import CompiledClasses
+from gateway.request.classify.classes import CompiledClasses
 
 Outcome = Literal["applied", "rejected", "unchanged"]
 # Kubernetes' AtomicWriter updates a mounted ConfigMap by swapping this symlink; the policy

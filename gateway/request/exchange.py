@@ -117,8 +117,9 @@ class Exchange:
         elif exc is not None:
             self.set_outcome(500, "internal_error")
         if exc is not None and not self.owns_span:
-            # Its own span records it through use_span (gateway/request/proxy.py); the server
-            # span would only see its type, and not at all when an APIError becomes an answer.
+            # Its own span records it through use_span (gateway/request/completions/proxy.py); the
+            # server span would only see its type, and not at all when an APIError becomes an
+            # answer.
             self.span.record_exception(exc)
         # An answer that will not be sent (an exception left the block) cannot finish it.
         if exc is not None or not self.handed_over:
@@ -152,7 +153,8 @@ class Exchange:
         self.metrics.fallback(tier, reason)
 
     def resumed(self, failed: str, tier: str, generated: int, error: str) -> None:
-        """The stream went on on ``tier`` after ``failed`` broke off (gateway/request/resume.py)."""
+        """The stream went on on ``tier`` after ``failed`` broke off
+        (gateway/request/stream/resume.py)."""
         self.metrics.resumed(failed, tier)
         self.span.add_event(
             "gateway.stream.resumed",

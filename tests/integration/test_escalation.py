@@ -1,6 +1,6 @@
 """Escalation on the real stack: a tier forced into a loop (logit bias on one token) is cut
 and its answer continued on the next tier of the chain, in one stream
-(gateway/request/stream_watch.py, gateway/request/resume.py)."""
+(gateway/request/stream/stream_watch.py, gateway/request/stream/resume.py)."""
 
 from __future__ import annotations
 

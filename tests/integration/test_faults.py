@@ -45,7 +45,7 @@ def _ask(url: str, max_tokens: int = 2) -> int:
 @pytest.mark.slow
 def test_a_tier_killed_mid_stream_is_continued_on_the_next_and_comes_back(stack: Stack) -> None:
     """The client's answer goes on on the next tier of its chain from where it stopped: one
-    stream, no error event, the whole length asked for (gateway/request/resume.py)."""
+    stream, no error event, the whole length asked for (gateway/request/stream/resume.py)."""
     body = {
         "model": MODEL,
         "messages": CHAT,
@@ -94,7 +94,7 @@ ESCALATING = "escalation:\n  tiers: [int4]\n"
 def test_a_tier_killed_under_a_whole_answer_is_continued_on_the_next(stack: Stack) -> None:
     """With ``failover.whole_answers: continue`` a whole answer is asked as a stream and
     assembled: its tier SIGKILLed midway, the answer goes on on the next tier and the client
-    gets one whole answer of the length asked for (gateway/request/whole.py)."""
+    gets one whole answer of the length asked for (gateway/request/completions/whole.py)."""
     chain = route_chain(stack, CHAT[0]["content"])
     assert len(chain) >= 2, f"the route has one tier on this machine: {chain}"
     tier, others = chain[0], chain[1:]

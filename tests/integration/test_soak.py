@@ -38,8 +38,8 @@ def test_a_minute_of_load_with_a_reset_loses_nothing(stack: Stack) -> None:
 @pytest.mark.slow
 def test_a_tier_killed_under_streamed_load_costs_no_client_an_error(stack: Stack) -> None:
     """The serving tier of chit-chat SIGKILLed under load: whole answers go to the next tier,
-    streams in the middle of an answer go on there (gateway/request/resume.py); not one client
-    sees an error. The tier is back (restarted by the supervisor) before the test ends."""
+    streams in the middle of an answer go on there (gateway/request/stream/resume.py); not one
+    client sees an error. The tier is back (restarted by the supervisor) before the test ends."""
     probe = {"model": MODEL, "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 2}
     tier = httpx.post(f"{stack.gateway_url}/v1/chat/completions", json=probe, timeout=60).headers[
         "x-route-tier"

@@ -28,7 +28,7 @@ import yaml
 from backends.metrics import TierMetrics
 from backends.process import free_port
 from gateway.config import TierEndpoint, hash_key
-from gateway.request.endpoint_choice import endpoint_id
+from gateway.request.route.endpoint_choice import endpoint_id
 from measure.conversations import (
     Phase,
     Plan,

@@ -55,7 +55,7 @@ def test_streamed_chat_arrives_in_several_chunks_ending_with_done(stack: Stack) 
         events = [line for line in resp.iter_lines() if line.startswith("data: ")]
     assert resp.headers["content-type"].startswith("text/event-stream")
     assert len(events) > 2 and events[-1] == "data: [DONE]"
-    # The gateway asked the tier for usage (gateway/request/stream_usage.py); the client, who
+    # The gateway asked the tier for usage (gateway/request/events/stream_usage.py); the client, who
     # did not, gets none: every event has its choice.
     assert all('"choices":[{' in e.replace(" ", "") for e in events[:-1]), events
     assert not any('"usage":{' in e.replace(" ", "") for e in events), events

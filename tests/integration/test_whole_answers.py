@@ -1,5 +1,5 @@
 """A whole answer asked as a stream and assembled by the gateway (policy
-``failover.whole_answers: continue``; gateway/request/assemble.py) has the shape of the whole
+``failover.whole_answers: continue``; gateway/request/stream/assemble.py) has the shape of the whole
 answer the real vLLM-CPU tier gives, read by the official client alike."""
 
 from __future__ import annotations

@@ -87,3 +87,39 @@ def test_imports_inside_functions_and_relative_ones_are_seen() -> None:
         (6, "measure.bench"),
         (7, "gateway.policy"),
     ]
+
+
+# gateway/request/'s sub-packages, top to bottom: each may import only itself and those below
+# it, and the two shared modules beside them (kind.py, exchange.py), which import none of them.
+REQUEST_ORDER = ("completions", "stream", "route", "classify", "tokens", "upstream", "events")
+# The one import that points up, on purpose: a continuation reads the request value it continues.
+REQUEST_UPWARD = {("gateway/request/stream/resume.py", "gateway.request.completions.request")}
+
+
+def request_violations() -> list[str]:
+    out = []
+    base = ROOT / "gateway" / "request"
+    for path in sorted(base.rglob("*.py")):
+        parts = path.relative_to(base).parts
+        rank = REQUEST_ORDER.index(parts[0]) if len(parts) > 1 else len(REQUEST_ORDER)
+        dotted = ".".join(path.relative_to(ROOT).parts[:-1])
+        name = str(path.relative_to(ROOT))
+        for line, module in imports_of(path.read_text(encoding="utf-8"), dotted):
+            found = module.split(".")
+            if found[:2] != ["gateway", "request"] or len(found) < 3:
+                continue
+            if found[2] not in REQUEST_ORDER:
+                continue  # kind, exchange: below every sub-package
+            if REQUEST_ORDER.index(found[2]) < rank and (name, module) not in REQUEST_UPWARD:
+                out.append(f"{name}:{line}: imports {module}, above it")
+    return out
+
+
+def test_the_request_path_imports_point_down() -> None:
+    subpackages = {p.name for p in (ROOT / "gateway" / "request").iterdir() if p.is_dir()}
+    assert subpackages - {"__pycache__"} == set(REQUEST_ORDER)
+    assert request_violations() == []
+    for name, module in REQUEST_UPWARD:  # an exception no longer needed is taken out
+        dotted = ".".join(Path(name).parts[:-1])
+        found = [m for _, m in imports_of((ROOT / name).read_text(encoding="utf-8"), dotted)]
+        assert module in found, f"{name} no longer imports {module}: drop the exception"

@@ -1,6 +1,6 @@
 """Every repo path named in code and docs exists (a docstring or page naming a moved file misleads
-the next reader): ``gateway/request/relay.py``-style paths, bare file names of modules,
-``package/module.attr`` references, dotted module names (``gateway.request.relay``, and after
+the next reader): ``gateway/request/stream/relay.py``-style paths, bare file names of modules,
+``package/module.attr`` references, dotted module names (``gateway.request.stream.relay``, and after
 ``-m``, ``import`` or ``from``), and a name a text says a module defines (the module's file,
 ``'s`` and the name in double backquotes: defined there, not only imported), in every Python,
 Markdown and YAML file of the repo."""
@@ -18,13 +18,13 @@ TOPS = (
 PATH = re.compile(rf"(?<![\w./-])((?:{TOPS})/[\w./-]*[\w/])")
 BARE = re.compile(r"(?<![\w./-])([A-Za-z_]\w*\.py)\b")
 PACKAGES = TOPS.split("|")[:-6]  # importable (not scripts nor the data folders)
-# gateway.request.relay (a package's module, then maybe a name: checked when the package's
+# gateway.request.stream.relay (a package's module, then maybe a name: checked when the package's
 # second part is a module or package); any dotted name after -m, import or from.
 DOTTED = re.compile(
     rf"(?:(?<=-m )|(?<=import )|(?<=from ))((?:{'|'.join(PACKAGES)})(?:\.\w+)+)"
     rf"|(?<![\w./-])((?:{'|'.join(PACKAGES)})\.\w+\.\w+(?:\.\w+)*)(?![\w-])"
 )
-# gateway/request/plan.py's ``assess`` / plan.py ``assess``: a name said to be that module's.
+# gateway/request/route/plan.py's ``assess`` / plan.py ``assess``: a name said to be that module's.
 OWNED = re.compile(
     rf"(?<![\w./-])((?:(?:{TOPS})/[\w/]*)?[A-Za-z_]\w*\.py)(?:'s)?\s+``([A-Za-z_]\w*)(?:\(\))?``"
 )
@@ -127,18 +127,18 @@ def test_every_named_path_exists() -> None:
 
 def test_the_check_sees_moved_files() -> None:
     moved, gone = "gateway" + "/relay.py", "relay_old" + ".py"  # split: this file is scanned too
-    text = f"see {moved}, {gone}, gateway/request/relay.py and measure/admission.x"
+    text = f"see {moved}, {gone}, gateway/request/stream/relay.py and measure/admission.x"
     assert named_paths(text, {"relay.py": []}) == [moved, gone]
 
 
 def test_the_check_sees_moved_modules_and_misplaced_names() -> None:
     relay = ROOT / "gateway" / "request" / "relay.py"
     old, old_too = "gateway." + "relay", "gateway.request." + "relay_old"  # split: scanned too
-    misplaced = "gateway/request/relay.py" + "'s ``count_prompt``"
+    misplaced = "gateway/request/stream/relay.py" + "'s ``count_prompt``"
     text = (
-        f"python -m {old}; import {old}; {old_too}; gateway.request.relay; "
-        "gateway.request.relay.relay_sse; gateway.route.tier (a span attribute); "
-        "gateway/request/relay.py's ``relay_sse``; relay.py ``relay_sse``; "
+        f"python -m {old}; import {old}; {old_too}; gateway.request.stream.relay; "
+        "gateway.request.stream.relay.relay_sse; gateway.route.tier (a span attribute); "
+        "gateway/request/stream/relay.py's ``relay_sse``; relay.py ``relay_sse``; "
         f"{misplaced}"
     )
     missing = named_paths(text, {"relay.py": [relay]})
@@ -146,5 +146,5 @@ def test_the_check_sees_moved_modules_and_misplaced_names() -> None:
         old,
         old,
         old_too,
-        "gateway/request/relay.py's count_prompt",
+        "gateway/request/stream/relay.py's count_prompt",
     ]

@@ -17,7 +17,7 @@ import gateway.__main__ as gateway_main
 import gateway.app as gateway_app
 from gateway import GatewayConfig, TierEndpoint, create_app
 from gateway.metrics import GatewayMetrics
-from gateway.request.upstream import Upstream
+from gateway.request.upstream.client import Upstream
 
 KEYS = {"message", "type", "param", "code"}
 WAIT = 10.0

@@ -22,7 +22,7 @@ from gateway.control.reset_marks import (
 )
 from gateway.control.resets import ResetCoordinator
 from gateway.control.tier_status import Scrape, TierBoard
-from gateway.request.endpoint_choice import EndpointStatus
+from gateway.request.route.endpoint_choice import EndpointStatus
 from gateway.runtime import Runtime
 from gateway.shared.leader import LeaderLock
 from model_optimizer.envs import ROOT

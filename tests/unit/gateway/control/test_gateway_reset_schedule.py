@@ -16,7 +16,7 @@ from gateway.control.reset_schedule import (
     window_open,
 )
 from gateway.policy.schema import ResetsPolicy, ResetWindow, RoutingPolicy, parse_policy
-from gateway.request.router import TierStatus
+from gateway.request.route.router import TierStatus
 
 BASE = """\
 tiers: [fp16, int8, int4]

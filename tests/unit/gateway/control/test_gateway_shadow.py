@@ -30,8 +30,8 @@ from gateway.control.shadow import (
     text_agreement,
 )
 from gateway.policy.schema import PolicyError, ShadowPolicy, parse_policy
-from gateway.request.limits import TokenCounter
-from gateway.request.prompt_count import ByteCounter
+from gateway.request.tokens.limits import TokenCounter
+from gateway.request.tokens.prompt_count import ByteCounter
 from tests.integration.conftest import wait_until
 from tests.unit.gateway.conftest import MODEL, StubTier
 

@@ -16,8 +16,8 @@ from backends.metrics import TierMetrics
 from backends.tier_state import TierState
 from gateway.config import TierEndpoint
 from gateway.control.tier_status import Scrape, TierBoard, scrape_tier
-from gateway.request.endpoint_choice import Saturation
-from gateway.request.upstream import Upstream
+from gateway.request.route.endpoint_choice import Saturation
+from gateway.request.upstream.client import Upstream
 
 DATA = Path(__file__).parents[2] / "backends" / "data"
 TIERS = [

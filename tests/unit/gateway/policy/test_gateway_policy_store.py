@@ -17,7 +17,7 @@ import pytest
 
 from gateway.policy.schema import PolicyError, parse_policy
 from gateway.policy.store import PolicyStore
-from gateway.request.classify import CompiledClasses
+from gateway.request.classify.classes import CompiledClasses
 
 KNOWN = ("fp16", "int8", "int4")
 GOOD = """\

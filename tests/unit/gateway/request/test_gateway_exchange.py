@@ -10,9 +10,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from gateway.config import TierEndpoint
 from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
+from gateway.request.events.sse_counter import SSECounter
 from gateway.request.exchange import Exchange
-from gateway.request.relay import Reply, whole_response
-from gateway.request.sse_counter import SSECounter
+from gateway.request.stream.relay import Reply, whole_response
 from gateway.shared.state import SharedState
 from gateway.telemetry import build_tracer_provider
 
@@ -239,8 +239,8 @@ def test_a_server_span_handed_over_is_annotated_and_left_to_its_owner() -> None:
 
 
 def test_a_prompt_planned_on_its_bound_is_counted_exactly_when_the_exchange_finishes() -> None:
-    """The plan took a bound for the prompt (gateway/request/prompt_bound.py): the span and the
-    metrics get the exact count, taken once, after the answer."""
+    """The plan took a bound for the prompt (gateway/request/tokens/prompt_bound.py): the span and
+    the metrics get the exact count, taken once, after the answer."""
     exchange, _, exporter, metrics = _exchange()
     counted: list[int] = []
 
