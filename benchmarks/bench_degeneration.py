@@ -40,7 +40,7 @@ from gateway.policy.escalation import EscalationPolicy  # noqa: E402
 from gateway.policy.schema import load_policy  # noqa: E402
 from gateway.request.events.chunk import read_chunk  # noqa: E402
 from gateway.request.events.sse import EventBuffer, payloads  # noqa: E402
-from gateway.request.stream.stream_watch import StreamWatch  # noqa: E402
+from gateway.request.stream.stream_watch import watch_for  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -83,13 +83,7 @@ def watch_answer(
     logprobs: bool = False,
     window: int = 16,
 ) -> dict[str, object]:
-    watch = StreamWatch(
-        escalation.loop.check() if escalation.loop else None,
-        escalation.scripts.check() if escalation.scripts else None,
-        0,
-        chat=True,
-        confidence=escalation.logprobs.check() if escalation.logprobs else None,
-    )
+    watch = watch_for(escalation, 0, chat=True)
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": prompt}],

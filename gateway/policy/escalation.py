@@ -11,7 +11,6 @@ from pydantic import Field
 from common.class_categories import CLASS_NAMES, ClassName
 from common.operator_yaml import Section
 from gateway.policy.classes import PositiveInt
-from gateway.request.stream.degeneration import ConfidenceCheck, LoopCheck, ScriptCheck
 
 
 def _all_classes() -> list[ClassName]:
@@ -26,18 +25,12 @@ class LoopRule(Section):
     min_repeats: int = Field(default=4, ge=2)
     min_chars: PositiveInt = 40
 
-    def check(self) -> LoopCheck:
-        return LoopCheck(self.max_period, self.min_repeats, self.min_chars)
-
 
 class ScriptsRule(Section):
     """Garbage: letters of more than ``max_scripts`` writing systems in ``window_chars``."""
 
     window_chars: PositiveInt = 32
     max_scripts: PositiveInt = 2
-
-    def check(self) -> ScriptCheck:
-        return ScriptCheck(self.window_chars, self.max_scripts)
 
 
 class LogprobsRule(Section):
@@ -46,9 +39,6 @@ class LogprobsRule(Section):
 
     window_tokens: PositiveInt = 16
     min_mean: float = Field(default=-4.0, lt=0)
-
-    def check(self) -> ConfidenceCheck:
-        return ConfidenceCheck(self.window_tokens, self.min_mean)
 
 
 class EscalationGuard(Section):

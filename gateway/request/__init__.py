@@ -1,13 +1,14 @@
 """The request path, in sub-packages by what they do, each importing only those below it:
 
 - ``completions/`` the OpenAI endpoints (``proxy``: read, assess, decide, answer; ``models``),
-  the body read and screened (``body``, ``body_values``, ``fields``), the request value every
-  later step reads (``request``), a whole answer assembled from a stream (``whole``);
+  the body read and screened (``body``, ``body_values``, ``fields``), how the tiers are asked it
+  (``tier_body``), a whole answer assembled from a stream (``whole``);
 - ``stream/`` relaying a tier's answer (``relay``, ``taps``) and mid-stream failover
   (``resumable``, ``resume``, ``continuation``, ``stream_watch``, ``degeneration``,
   ``assemble``);
 - ``route/`` the plan (``plan``, ``router``), which endpoints in which order
-  (``endpoint_choice``) and opening the chain (``chain``);
+  (``endpoint_choice``), the request value every later step reads (``decided``) and opening
+  the chain (``chain``);
 - ``classify/`` the request's class (``classes``, the model, keyword rules, pre-filter);
 - ``tokens/`` what a prompt is and costs (``prompt_text``, ``prompt_count``, ``prompt_bound``,
   ``count_cache``, ``limits``, ``costs``);
@@ -17,7 +18,6 @@
 - and, beside them, what every step shares: the request's ``kind`` and its ``exchange``
   (spans, metrics, in-flight slot).
 
-One import points up, on purpose: ``stream/resume.py`` reads the request value
-(``completions/request.py``) it continues. tests/unit/test_import_direction.py holds the order.
+No import points up (tests/unit/test_import_direction.py holds the order).
 Every module's job: docs/architecture.md.
 """

@@ -1,6 +1,6 @@
 """Which of the two OpenAI completion endpoints a request came to, decided once where it is
 read (gateway/request/completions/proxy.py ``chat_completions`` / ``completions``) and carried on
-the request value later steps read (``CompletionRequest``, gateway/request/completions/request.py),
+the request value later steps read (``CompletionRequest``, gateway/request/route/decided.py),
 so that no step re-derives it from the URL path."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A completion request goes: body (size-limited, read within ``body_timeout``, JSON object, served
 model; all before the request takes one of the ``max_in_flight`` slots) → ``assess``
 (tokens, class) → ``plan_route`` (tiers and ``max_tokens``; gateway/request/route/plan.py) → the
-request value every later step reads (gateway/request/completions/request.py) → the chain of tiers
+request value every later step reads (gateway/request/route/decided.py) → the chain of tiers
 (gateway/request/route/chain.py), its answer relayed (gateway/request/stream/relay.py,
 gateway/request/completions/whole.py); the phases are ``_completion``'s functions. Class, reason and
 tokens are attributes of the request's server span (gateway/request/exchange.py), with an
@@ -32,12 +32,13 @@ from gateway.policy.schema import RoutingPolicy
 from gateway.policy.store import ActivePolicy
 from gateway.request.completions.body import check_model, parse_json_object, read_body, wants_stream
 from gateway.request.completions.fields import screen_fields
-from gateway.request.completions.request import CompletionRequest, tier_body
+from gateway.request.completions.tier_body import tier_body
 from gateway.request.completions.whole import assembled_answer
 from gateway.request.events.answer_usage import MalformedAnswer, answer_usage
 from gateway.request.exchange import Exchange
 from gateway.request.kind import Kind
 from gateway.request.route.chain import open_chain
+from gateway.request.route.decided import CompletionRequest
 from gateway.request.route.endpoint_choice import Saturation, endpoint_id, session_key
 from gateway.request.route.plan import Assessment, assess, plan_route, route_headers
 from gateway.request.stream.relay import (
@@ -161,7 +162,7 @@ async def _assess(received: Received, active: ActivePolicy) -> Assessment:
 def _decide(
     received: Received, found: Assessment, policy: RoutingPolicy
 ) -> tuple[CompletionRequest, Span]:
-    """The request decided (gateway/request/completions/request.py): its plan and chain of
+    """The request decided (gateway/request/route/decided.py): its plan and chain of
     endpoints, how its tiers are asked; and the ``upstream`` span whose context they are sent."""
     request, body, kind, runtime, exchange = received
     full = full_detail(request)

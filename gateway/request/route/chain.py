@@ -32,7 +32,7 @@ NO_SERVER = "no model server is available; retry shortly"  # what clients are to
 
 class Asked(Protocol):
     """What a request asks, as every tier of its chain is asked it: the request value
-    (gateway/request/completions/request.py), or its continuation
+    (gateway/request/route/decided.py), or its continuation
     (gateway/request/stream/resume.py)."""
 
     @property

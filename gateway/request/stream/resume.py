@@ -21,11 +21,11 @@ import httpx
 
 from gateway.config import TierEndpoint
 from gateway.errors import APIError
-from gateway.request.completions.request import CompletionRequest
 from gateway.request.events.sse import DONE
 from gateway.request.exchange import Exchange
 from gateway.request.kind import Kind
 from gateway.request.route.chain import open_chain
+from gateway.request.route.decided import CompletionRequest
 from gateway.request.stream.continuation import (
     Rewriter,
     Sent,
@@ -35,7 +35,7 @@ from gateway.request.stream.continuation import (
     unresumable,
     used_up,
 )
-from gateway.request.stream.stream_watch import Degenerated, StreamWatch
+from gateway.request.stream.stream_watch import Degenerated, StreamWatch, watch_for
 from gateway.request.tokens.prompt_count import ByteCounter
 from gateway.request.upstream.client import Upstream, aclose_quietly
 
@@ -117,13 +117,8 @@ class Resumer:
         # gateway's sum (or its own count), not one tier's count of the prompt.
         self.resumed = False
         if escalation is not None and escalation.tiers and request.cls in escalation.classes:
-            self.watch = StreamWatch(
-                escalation.loop.check() if escalation.loop else None,
-                escalation.scripts.check() if escalation.scripts else None,
-                escalation.holdback_chars,
-                request.kind is Kind.CHAT,
-                escalation.logprobs.check() if escalation.logprobs else None,
-            )
+            chat = request.kind is Kind.CHAT
+            self.watch = watch_for(escalation, escalation.holdback_chars, chat)
 
     def watched(self, tier: TierEndpoint, degenerated: bool) -> None:
         """A watched stream of ``tier`` finished, or degenerated (the live guard hears it)."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import SERVER_ERROR, APIError
+from gateway.policy.escalation import EscalationPolicy
 from gateway.request.events.chunk import read_chunk
 from gateway.request.events.sse import encode, payloads
 from gateway.request.stream.degeneration import (
@@ -201,3 +202,16 @@ class Degenerated(APIError):
             public="the model server's answer degenerated and could not be continued",
         )
         self.verdict = verdict
+
+
+def watch_for(escalation: EscalationPolicy, holdback_chars: int, chat: bool) -> StreamWatch:
+    """The watch an escalation policy asks for: its loop, scripts and logprobs rules as the
+    detectors' checks (gateway/request/stream/degeneration.py)."""
+    loop, scripts, logprobs = escalation.loop, escalation.scripts, escalation.logprobs
+    return StreamWatch(
+        LoopCheck(loop.max_period, loop.min_repeats, loop.min_chars) if loop else None,
+        ScriptCheck(scripts.window_chars, scripts.max_scripts) if scripts else None,
+        holdback_chars,
+        chat,
+        ConfidenceCheck(logprobs.window_tokens, logprobs.min_mean) if logprobs else None,
+    )

@@ -1,13 +1,13 @@
 """One completion request, parsed and decided once: the value every step after planning reads.
 
 gateway/request/completions/proxy.py reads the body, assesses and plans it
-(gateway/request/route/plan.py), then makes one ``CompletionRequest``: its kind, the client's body,
-the plan, the chain of endpoints, what each tier is asked (headers, body, first-byte bound) and how
-(a stream or not, usage asked by the gateway, a whole answer assembled), who asked and how much it
-is told. Opening the chain (gateway/request/route/chain.py), the answers
-(gateway/request/stream/relay.py, gateway/request/completions/whole.py), the continuation of a
-failed stream (gateway/request/stream/resume.py) and shadow sampling read it; none decides any of it
-again.
+(gateway/request/route/plan.py), then makes one ``CompletionRequest`` (how its tiers are asked:
+gateway/request/completions/tier_body.py): its kind, the client's body, the plan, the chain of
+endpoints, what each tier is asked (headers, body, first-byte bound) and how (a stream or not, usage
+asked by the gateway, a whole answer assembled), who asked and how much it is told. Opening the
+chain (gateway/request/route/chain.py), the answers (gateway/request/stream/relay.py,
+gateway/request/completions/whole.py), the continuation of a failed stream
+(gateway/request/stream/resume.py) and shadow sampling read it; none decides any of it again.
 """
 
 from __future__ import annotations
@@ -17,12 +17,8 @@ from typing import Any, NamedTuple
 
 from gateway.config import TierEndpoint
 from gateway.policy.escalation import EscalationPolicy
-from gateway.request.completions.body import wants_stream
-from gateway.request.events.stream_usage import asking_usage
 from gateway.request.kind import Kind
 from gateway.request.route.plan import Plan
-from gateway.request.stream.assemble import as_stream, assemblable
-from gateway.request.stream.continuation import unresumable
 from gateway.request.tokens.prompt_count import PromptCounter
 
 
@@ -59,23 +55,3 @@ class CompletionRequest(NamedTuple):
     def body_for(self, tier: str) -> Mapping[str, Any]:
         """The body to send ``tier``: ``tier_body`` with its ``max_tokens`` as planned."""
         return self.plan.body_for(tier, self.tier_body)
-
-
-def tier_body(
-    body: Mapping[str, Any], kind: Kind, assembles: bool
-) -> tuple[Mapping[str, Any], bool, bool]:
-    """How the tiers are asked ``body``: the body they are sent, whether the gateway assembles
-    a whole answer from a stream, and whether the client asked a stream's usage itself.
-
-    A whole answer asked as a stream (``assembles``: failover.whole_answers: continue) is
-    assembled by the gateway, and continued on the next tier when its own fails midway, as a
-    stream is. A stream that can be continued asks its tier for usage, which ends the answer
-    with the prompt's tokens as the tier counted them: nothing to count after it
-    (gateway/request/events/stream_usage.py)."""
-    if assembles and not wants_stream(body) and assemblable(body, kind):
-        return as_stream(body), True, True
-    if wants_stream(body) and unresumable(body, kind) is None:
-        with_usage = asking_usage(body)
-        if with_usage is not None:
-            return with_usage, False, False
-    return body, False, True
