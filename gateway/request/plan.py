@@ -43,6 +43,7 @@ from gateway.request.router import (
     TierStatus,
     choose_tier,
 )
+from gateway.request.second_stage import BandQuery
 
 MAX_REASON = 400  # characters of x-route-reason
 
@@ -78,6 +79,7 @@ class Assessment:
     cost: int = 1  # sequences to generate: prompts x max(n, best_of) (gateway/request/costs.py)
     p_precise: float | None = None  # the classifier model's probability, when it decided
     counted: bool = True  # False: input_tokens is a bound that decided every limit (see assess)
+    band: BandQuery | None = None  # the first stage was unsure: the second decides (proxy.py)
 
 
 def assess(
@@ -110,7 +112,8 @@ def assess(
         ):
             found = classify_request(body, bound, rules)
             return Assessment(found.cls, found.reason, bound, field, max_tokens, cost=cost,
-                              p_precise=found.p_precise, counted=False)  # fmt: skip
+                              p_precise=found.p_precise, counted=False,
+                              band=found.band)  # fmt: skip
     input_tokens = count_prompt(body, kind, counter, limit)
     if limit is not None and input_tokens > limit:
         # Past every tier's context, and past the gateway's own limit when it rejects: say the
@@ -142,6 +145,7 @@ def assess(
             max_tokens,
             cost=cost,
             p_precise=found.p_precise,
+            band=found.band,
         )
     if gate.action == "reject":
         raise _too_long(gate.message, found.cls, found.reason, kind)

@@ -49,6 +49,7 @@ from gateway.request.relay import (
     whole_response,
 )
 from gateway.request.resume import stream_resumer, use_tier_count
+from gateway.request.second_stage import settle
 from gateway.request.upstream import Opened, UpstreamFailed, aclose_quietly
 from gateway.request.whole import assembled_answer
 from gateway.runtime import Runtime, get_runtime
@@ -143,6 +144,11 @@ async def _assess(
     longest = max(length for _, length in contexts)
     found = assess(body, kind, active.policy, active.rules, runtime.counter,
                    context_limit=longest, tiers=contexts)  # fmt: skip
+    if found.band is not None:  # the first stage was unsure: the second stage, off the loop
+        second = await settle(found.band)
+        found = dataclasses.replace(
+            found, cls=second.cls, reason=second.reason, p_precise=second.p_precise, band=None
+        )
     exchange.cls, exchange.reason = found.cls, found.reason
     exchange.input_tokens = found.input_tokens
     if not found.counted:  # planned on a bound: the exact count once the answer is out
