@@ -113,14 +113,18 @@ def precise_class(code_logit: float) -> str:
 
 async def settle(query: BandQuery) -> Classification:
     """The second stage's verdict on a prompt in the band; precise when it cannot answer."""
-    stage = query.stage
-    p = await stage.p_precise(query.text)
+    return verdict(query, await query.stage.p_precise(query.text))
+
+
+def verdict(query: BandQuery, p: float | None) -> Classification:
+    """The class for a prompt in the band given the second stage's P(precise) (None: it did
+    not answer, the first stage's cautious answer stands)."""
     code = f"; p(code) {sigmoid(query.code_logit):.2f}"
     if p is None:
         cls = precise_class(query.code_logit)
         reason = f"{cls}: {query.first}; stage 2 busy: precise stands{code}{query.note}"
         return Classification(cls, ascii_text(reason), p_precise=query.p_first)
-    label, threshold = stage.model.label, stage.rule.threshold
+    label, threshold = query.stage.model.label, query.stage.rule.threshold
     if p < threshold:
         reason = f"{TOLERANT}: stage 2 p(precise) {p:.3f} < {threshold:g} ({label}); {query.first}"
         return Classification(TOLERANT, ascii_text(reason + query.note), p_precise=p)
