@@ -21,7 +21,7 @@ def add_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     train.add_argument(
         "--output", default=None, help="weights file (classifier/weights/prompt-model-v<N>.json)"
     )
-    train.add_argument("--version", type=int, default=3, help="the weights' version number (3)")
+    train.add_argument("--version", type=int, default=4, help="the weights' version number (4)")
     ev = sub.add_parser("evaluate", help="accuracy, precision/recall, confusion on labeled files")
     ev.add_argument(
         "files",

@@ -13,7 +13,7 @@ by a model that never saw its sources) give the band:
   hashed features); its threshold is the highest that keeps the cascade's precise recall out of
   fold at ``TARGET_RECALL``.
 
-Writes ``classifier/weights/band-model-v1.json`` and prints the thresholds for the policy.
+Writes ``classifier/weights/band-model-v2.json`` and prints the thresholds for the policy.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ MIN_WEIGHT = 1e-3
 @dataclass(frozen=True)
 class Options:
     data: Path = TRAIN
-    first: Path = ROOT / "classifier" / "weights" / "prompt-model-v3.json"
-    output: Path = ROOT / "classifier" / "weights" / "band-model-v1.json"
-    version: int = 1
+    first: Path = ROOT / "classifier" / "weights" / "prompt-model-v4.json"
+    output: Path = ROOT / "classifier" / "weights" / "band-model-v2.json"
+    version: int = 2
     folds: int = 5
 
 
