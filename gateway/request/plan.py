@@ -23,6 +23,7 @@ Order of the checks (policies/routing.yaml explains each knob):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +44,7 @@ from gateway.request.router import (
     TierStatus,
     choose_tier,
 )
-from gateway.request.second_stage import BandQuery
+from gateway.request.second_stage import BandQuery, settle
 
 MAX_REASON = 400  # characters of x-route-reason
 
@@ -80,6 +81,16 @@ class Assessment:
     p_precise: float | None = None  # the classifier model's probability, when it decided
     counted: bool = True  # False: input_tokens is a bound that decided every limit (see assess)
     band: BandQuery | None = None  # the first stage was unsure: the second decides (proxy.py)
+
+
+async def settle_band(found: Assessment) -> Assessment:
+    """An assessment in the first stage's band, decided by the second stage (off the event
+    loop, bounded: gateway/request/second_stage.py)."""
+    assert found.band is not None
+    second = await settle(found.band)
+    return dataclasses.replace(
+        found, cls=second.cls, reason=second.reason, p_precise=second.p_precise, band=None
+    )
 
 
 def assess(

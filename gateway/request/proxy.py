@@ -40,7 +40,7 @@ from gateway.request.endpoint_choice import Saturation, endpoint_id, session_key
 from gateway.request.exchange import Exchange
 from gateway.request.fields import screen_fields
 from gateway.request.kind import Kind
-from gateway.request.plan import Assessment, assess, plan_route, route_headers
+from gateway.request.plan import Assessment, assess, plan_route, route_headers, settle_band
 from gateway.request.prompt_count import count_prompt
 from gateway.request.relay import (
     Reply,
@@ -49,7 +49,6 @@ from gateway.request.relay import (
     whole_response,
 )
 from gateway.request.resume import stream_resumer, use_tier_count
-from gateway.request.second_stage import settle
 from gateway.request.upstream import Opened, UpstreamFailed, aclose_quietly
 from gateway.request.whole import assembled_answer
 from gateway.runtime import Runtime, get_runtime
@@ -144,11 +143,8 @@ async def _assess(
     longest = max(length for _, length in contexts)
     found = assess(body, kind, active.policy, active.rules, runtime.counter,
                    context_limit=longest, tiers=contexts)  # fmt: skip
-    if found.band is not None:  # the first stage was unsure: the second stage, off the loop
-        second = await settle(found.band)
-        found = dataclasses.replace(
-            found, cls=second.cls, reason=second.reason, p_precise=second.p_precise, band=None
-        )
+    if found.band is not None:  # the first stage was unsure: the second decides, off the loop
+        found = await settle_band(found)
     exchange.cls, exchange.reason = found.cls, found.reason
     exchange.input_tokens = found.input_tokens
     if not found.counted:  # planned on a bound: the exact count once the answer is out
