@@ -27,7 +27,7 @@ def add_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "files",
         nargs="*",
         type=Path,
-        help="labeled JSONL files (default: the held-out set and the routing prompts)",
+        help="labeled JSONL files (default: the held-out set, its follow-ups, the routing prompts)",
     )
     ev.add_argument("--policy", type=Path, default=POLICY, help="policy with a model")
     ev.add_argument("--threshold", type=float, default=None, help="instead of the policy's")
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         # The gateway's classifier: the gateway environment's packages (not in the train env).
         from classifier import evaluate
 
-        files = args.files or [evaluate.HELDOUT, evaluate.ROUTING]
+        files = args.files or [evaluate.HELDOUT, evaluate.FOLLOWUPS, evaluate.ROUTING]
         missing = [f for f in files if not f.is_file()]
         if missing:
             print(f"model-optimizer: error: no such file: {missing[0]}", file=sys.stderr)

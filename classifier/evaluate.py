@@ -31,6 +31,7 @@ from gateway.request.second_stage import verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 HELDOUT = ROOT / "classifier" / "data" / "heldout.jsonl"
+FOLLOWUPS = ROOT / "classifier" / "data" / "heldout-followups.jsonl"  # scripts/make_followups.py
 ROUTING = ROOT / "measure" / "data" / "routing_prompts.jsonl"
 POLICY = ROOT / "policies" / "routing.yaml"
 KEYWORD_RULES = ROOT / "policies" / "classes-keyword-rules.yaml"
