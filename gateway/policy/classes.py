@@ -153,6 +153,9 @@ class SecondStageRule(Section):
     model that cannot be read leaves the first stage serving at ``model.threshold``."""
 
     weights: str = Field(min_length=1)  # relative to the policy's folder, like model.weights
+    # band: gateway/request/band_model.py (pure Python); encoder: gateway/request/encoder_model.py
+    # (a sentence encoder under ONNX Runtime, requirements/encoder.txt)
+    kind: Literal["band", "encoder"] = "band"
     threshold: float = Field(gt=0, lt=1)
     sure_tolerant: float = Field(gt=0, lt=1)
     sure_precise: float = Field(gt=0, lt=1)

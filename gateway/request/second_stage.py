@@ -19,14 +19,25 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from common.class_categories import CODE, MATH, TOLERANT
 from gateway.policy.classes import SecondStageRule
 from gateway.request.band_model import BandModel
 from gateway.request.classification import Classification, ascii_text
+from gateway.request.encoder_model import EncoderModel
 from gateway.request.prompt_model import ModelError, sigmoid
 
 logger = logging.getLogger(__name__)
+
+
+class StageModel(Protocol):
+    """What a second-stage model offers: band_model.BandModel, encoder_model.EncoderModel."""
+
+    @property
+    def label(self) -> str: ...
+
+    def p_precise(self, text: str) -> float: ...
 
 
 @dataclass(eq=False)
@@ -34,7 +45,7 @@ class SecondStage:
     """A loaded second-stage model, its thresholds and its bounded executor (one thread, made
     on first use; its thread ends when the stage is dropped with its policy)."""
 
-    model: BandModel
+    model: StageModel
     rule: SecondStageRule
     _slots: threading.BoundedSemaphore = field(init=False, repr=False)
     _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
@@ -47,7 +58,8 @@ class SecondStage:
     def load(cls, rule: SecondStageRule, path: Path) -> SecondStage | None:
         """The stage, or None (one log line) when its weights cannot be used."""
         try:
-            return cls(BandModel.load(path), rule)
+            kind = BandModel if rule.kind == "band" else EncoderModel
+            return cls(kind.load(path), rule)
         except ModelError as exc:
             logger.warning("classes.model.second_stage: %s; the first stage serves alone", exc)
             return None
