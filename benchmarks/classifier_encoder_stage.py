@@ -18,7 +18,7 @@ sentence-transformers (torch); nothing here needs torch or a model hub. Steps:
    cascade's own cross-validation over training sources (classifier/train_band.py ``choose``),
    then the held-out file scored once. ``--p1-heldout``: the first stage's P(precise) of each
    held-out prompt (the shipped weights, gateway/request/prompt_model.py), as a numpy file;
-4. ``--write DIR``: the int8 graph, the tokenizer and ``encoder-head.json`` (the head's weights
+4. ``--write DIR``: the int8 graph, the tokenizer and ``minilm-head-v1.json`` (the head's weights
    and, in its metadata, the thresholds for ``classes.model.second_stage`` with
    ``kind: encoder``: gateway/request/encoder_model.py, docs/classifier.md).
 """
@@ -26,6 +26,7 @@ sentence-transformers (torch); nothing here needs torch or a model hub. Steps:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import struct
@@ -214,20 +215,21 @@ def write(folder: Path, int8: Path, model_dir: Path, found: dict[str, Any]) -> P
     the tokenizer and the head file naming both."""
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(int8, folder / "minilm.int8.onnx")
-    shutil.copyfile(model_dir / "tokenizer.json", folder / "tokenizer.json")
+    shutil.copyfile(model_dir / "tokenizer.json", folder / "minilm-tokenizer.json")
     head = {
         "format": "model-optimizer/encoder-head",
         "name": "minilm-head",
         "version": 1,
         "onnx": "minilm.int8.onnx",
-        "tokenizer": "tokenizer.json",
+        "onnx_sha256": hashlib.sha256((folder / "minilm.int8.onnx").read_bytes()).hexdigest(),
+        "tokenizer": "minilm-tokenizer.json",
         "tokens": found["tokens"],
         "dimensions": len(found["weights"]),
         "bias": round(found["bias"], 6),
         "weights": [round(w, 6) for w in found["weights"]],
         "metadata": {k: found[k] for k in ("C", "thresholds", "out_of_fold", "heldout")},
     }
-    path = folder / "encoder-head.json"
+    path = folder / "minilm-head-v1.json"
     path.write_text(json.dumps(head) + "\n", encoding="utf-8")
     return path
 

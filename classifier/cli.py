@@ -33,6 +33,12 @@ def add_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     ev.add_argument("--threshold", type=float, default=None, help="instead of the policy's")
     ev.add_argument("--misses", type=int, default=0, help="list this many misses per file")
     ev.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
+    ev.add_argument(
+        "--cascade",
+        type=Path,
+        default=ROOT / "policies" / "classes-cascade.yaml",
+        help="the cascade's classes section measured beside the policy's model",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,7 +51,10 @@ def run(args: argparse.Namespace) -> int:
         if missing:
             print(f"model-optimizer: error: no such file: {missing[0]}", file=sys.stderr)
             return 2
-        print(evaluate.run(files, args.policy, args.threshold, args.misses, args.json))
+        report = evaluate.run(
+            files, args.policy, args.threshold, args.misses, args.json, cascade_file=args.cascade
+        )
+        print(report)
         return 0
     from classifier import train  # scikit-learn: only in the train environment
 

@@ -128,10 +128,11 @@ def keyword_rules() -> CompiledClasses:
     return CompiledClasses.build(parse_policy(text, str(KEYWORD_RULES)).classes)
 
 
-def cascade_rules() -> CompiledClasses:
-    """The cascade: policies/classes-cascade.yaml (the first stage, its band, the second)."""
-    text = _ROUTES + CASCADE.read_text(encoding="utf-8")
-    return CompiledClasses.build(parse_policy(text, str(CASCADE)).classes, CASCADE.parent)
+def cascade_rules(path: Path = CASCADE) -> CompiledClasses:
+    """A cascade's ``classes`` section (policies/classes-cascade.yaml: the first stage, its
+    band, the second)."""
+    text = _ROUTES + path.read_text(encoding="utf-8")
+    return CompiledClasses.build(parse_policy(text, str(path)).classes, path.parent)
 
 
 def chat(row: dict[str, Any]) -> dict[str, Any]:
@@ -220,11 +221,12 @@ def run(
     misses: int = 0,
     output: Path | None = None,
     with_cascade: bool = True,
+    cascade_file: Path = CASCADE,
 ) -> str:
     try:
         model = policy_rules(policy, threshold)
         rules = keyword_rules()
-        cascade = cascade_rules() if with_cascade and model.second is None else None
+        cascade = cascade_rules(cascade_file) if with_cascade and model.second is None else None
     except PolicyError as exc:
         raise SystemExit(f"model-optimizer: error: {exc}") from None
     if model.model is None or model.model_rule is None:
@@ -232,7 +234,7 @@ def run(
     label = f"model ({model.model.label}, threshold {model.model_rule.threshold:g})"
     if model.second is not None:
         label = f"cascade ({model.model.label}, then {model.second.model.label})"
-    cascade_label = "cascade (policies/classes-cascade.yaml)"
+    cascade_label = f"cascade ({cascade_file.name})"
     sections = []
     report: dict[str, Any] = {"policy": str(policy), "model": model.model.label, "files": {}}
     for file in files:

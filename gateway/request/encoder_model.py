@@ -56,8 +56,12 @@ class EncoderModel:
             tokens = int(data["tokens"])
             if not 2 <= tokens <= 512:
                 raise ValueError("'tokens' must be in [2, 512]")
+            expected = data.get("onnx_sha256")
+            if expected and hashlib.sha256(onnx_path.read_bytes()).hexdigest() != expected:
+                raise ValueError(f"{data['onnx']} is not the graph this head was trained on")
         except OSError as exc:
-            raise ModelError(f"{path}: cannot read the encoder head: {exc.strerror}") from None
+            what = Path(exc.filename).name if exc.filename else "the encoder head"
+            raise ModelError(f"{path}: cannot read {what}: {exc.strerror}") from None
         except (ValueError, KeyError, TypeError) as exc:
             raise ModelError(f"{path}: not a usable encoder head: {exc}") from None
         try:

@@ -78,3 +78,20 @@ def test_the_docs_quote_the_cascades_held_out_figures() -> None:
             f"{cascade.band / cascade.total:.1%} |"
         )
         assert line.endswith(expected), (line, expected)
+
+
+def test_the_encoder_cascade_reproduces_its_documented_figures() -> None:
+    """policies/classes-cascade-encoder.yaml, where its runtime and graph are installed (an
+    opt-in: requirements/encoder.txt, benchmarks/classifier_encoder_stage.py --write)."""
+    pytest.importorskip("onnxruntime")
+    if not (ROOT / "classifier" / "weights" / "minilm.int8.onnx").is_file():
+        pytest.skip("the encoder's graph is not built here")
+    rules = evaluate.cascade_rules(ROOT / "policies" / "classes-cascade-encoder.yaml")
+    assert rules.second is not None
+    cascade = evaluate.measure("encoder", rules, evaluate.load_rows(evaluate.HELDOUT))
+    line = next(x for x in DOCS.read_text(encoding="utf-8").splitlines() if "| encoder" in x)
+    expected = (
+        f"{cascade.precise_recall:.1%} / {cascade.tolerant_recall:.1%} | "
+        f"{cascade.band / cascade.total:.1%} |"
+    )
+    assert line.endswith(expected), (line, expected)
