@@ -21,18 +21,24 @@ def add_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     train.add_argument(
         "--output", default=None, help="weights file (classifier/weights/prompt-model-v<N>.json)"
     )
-    train.add_argument("--version", type=int, default=3, help="the weights' version number (3)")
+    train.add_argument("--version", type=int, default=4, help="the weights' version number (4)")
     ev = sub.add_parser("evaluate", help="accuracy, precision/recall, confusion on labeled files")
     ev.add_argument(
         "files",
         nargs="*",
         type=Path,
-        help="labeled JSONL files (default: the held-out set and the routing prompts)",
+        help="labeled JSONL files (default: the held-out set, its follow-ups, the routing prompts)",
     )
     ev.add_argument("--policy", type=Path, default=POLICY, help="policy with a model")
     ev.add_argument("--threshold", type=float, default=None, help="instead of the policy's")
     ev.add_argument("--misses", type=int, default=0, help="list this many misses per file")
     ev.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
+    ev.add_argument(
+        "--cascade",
+        type=Path,
+        default=ROOT / "policies" / "classes-cascade.yaml",
+        help="the cascade's classes section measured beside the policy's model",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,12 +46,15 @@ def run(args: argparse.Namespace) -> int:
         # The gateway's classifier: the gateway environment's packages (not in the train env).
         from classifier import evaluate
 
-        files = args.files or [evaluate.HELDOUT, evaluate.ROUTING]
+        files = args.files or [evaluate.HELDOUT, evaluate.FOLLOWUPS, evaluate.ROUTING]
         missing = [f for f in files if not f.is_file()]
         if missing:
             print(f"model-optimizer: error: no such file: {missing[0]}", file=sys.stderr)
             return 2
-        print(evaluate.run(files, args.policy, args.threshold, args.misses, args.json))
+        report = evaluate.run(
+            files, args.policy, args.threshold, args.misses, args.json, cascade_file=args.cascade
+        )
+        print(report)
         return 0
     from classifier import train  # scikit-learn: only in the train environment
 

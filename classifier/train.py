@@ -52,9 +52,9 @@ COST_RATIOS = (5.0, 10.0, 20.0)  # smaller weights are left out of the file
 @dataclass(frozen=True)
 class Options:
     data: Path = TRAIN
-    output: Path = ROOT / "classifier" / "weights" / "prompt-model-v3.json"
+    output: Path = ROOT / "classifier" / "weights" / "prompt-model-v4.json"
     name: str = "prompt-model"
-    version: int = 3
+    version: int = 4
     min_df: int = 3
     folds: int = 5
 

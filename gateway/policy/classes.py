@@ -145,6 +145,25 @@ class MathRule(Section):
         return _keywords(value)
 
 
+class SecondStageRule(Section):
+    """The cascade (gateway/request/classify/second_stage.py): the first stage is sure below
+    ``sure_tolerant`` (tolerant) and from ``sure_precise`` (precise); between them a second model
+    decides (P(precise) at or above ``threshold`` is precise), off the event loop, at most
+    ``max_pending`` prompts at a time and ``budget_ms`` each: past either, precise stands. A
+    model that cannot be read leaves the first stage serving at ``model.threshold``."""
+
+    weights: str = Field(min_length=1)  # relative to the policy's folder, like model.weights
+    # band: gateway/request/classify/band_model.py (pure Python); encoder:
+    # gateway/request/classify/encoder_model.py (a sentence encoder under ONNX Runtime,
+    # requirements/encoder.txt)
+    kind: Literal["band", "encoder"] = "band"
+    threshold: float = Field(gt=0, lt=1)
+    sure_tolerant: float = Field(gt=0, lt=1)
+    sure_precise: float = Field(gt=0, lt=1)
+    max_pending: int = Field(default=4, ge=1, le=64)
+    budget_ms: float = Field(default=20.0, gt=0, le=1000)
+
+
 class ModelRule(Section):
     """The trained prompt model (gateway/request/classify/prompt_model.py) decides precise vs
     tolerant: P(precise) at or above ``threshold`` is ``code`` or ``math`` (whichever the model's
@@ -156,6 +175,14 @@ class ModelRule(Section):
     history_decay: float = Field(default=0.5, gt=0, le=1)
     system_weight: NonNegativeFloat = 0.5
     top_features: int = Field(default=3, ge=0, le=10)
+    second_stage: SecondStageRule | None = None
+
+    @model_validator(mode="after")
+    def _band(self) -> ModelRule:
+        second = self.second_stage
+        if second is not None and not second.sure_tolerant < second.sure_precise:
+            raise ValueError("second_stage: sure_tolerant must be below sure_precise")
+        return self
 
 
 class Override(Section):

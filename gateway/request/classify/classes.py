@@ -60,6 +60,7 @@ from gateway.request.classify.prompt_model import (
     combine,
     sigmoid,
 )
+from gateway.request.classify.second_stage import BandQuery, SecondStage, band_reason
 from gateway.request.tokens.prompt_text import Parts, read_texts, request_parts
 
 # --------------------------------------------------------------------------- compiled rules
@@ -79,6 +80,7 @@ class CompiledClasses:
     tail_chars: int = 2048
     max_turns: int = 8
     max_prompts: int = 32
+    second: SecondStage | None = None  # the cascade's second stage, when the policy names one
 
     @classmethod
     def build(cls, policy: ClassesPolicy, base: Path | None = None) -> CompiledClasses:
@@ -97,6 +99,7 @@ class CompiledClasses:
             tail_chars=read.tail_chars,
             max_turns=read.max_turns,
             max_prompts=read.max_prompts,
+            second=_load_second(policy.model, base) if policy.model else None,
         )
 
     def window(self, text: str) -> str:
@@ -123,6 +126,11 @@ def _load_model(rule: ModelRule, base: Path | None) -> PromptModel:
         return PromptModel.load(model_path(rule.weights, base))
     except ModelError as exc:
         raise PolicyError(f"classes.model.weights: {exc}") from None
+
+
+def _load_second(rule: ModelRule, base: Path | None) -> SecondStage | None:
+    second = rule.second_stage
+    return None if second is None else SecondStage.load(second, model_path(second.weights, base))
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,8 +224,10 @@ def _by_model(
         turns = parts.turns[-rules.max_turns :]
         scores = [model.score(t) for t in turns]
         weighted = [(s, rule.history_decay ** (len(scores) - 1 - i)) for i, s in enumerate(scores)]
+        read = list(turns)
         if parts.system and rule.system_weight > 0:
-            weighted.append((model.score("\n\n".join(parts.system)), rule.system_weight))
+            read.append("\n\n".join(parts.system))
+            weighted.append((model.score(read[-1]), rule.system_weight))
         if not weighted:
             return Classification(TOLERANT, "tolerant: no text to classify", p_precise=0.0)
         context = combine((s.precise, w) for s, w in weighted)
@@ -225,23 +235,66 @@ def _by_model(
         if len(weighted) > 1 and context > last.precise:
             # The conversation raises the last turn (context never lowers it).
             logit, code = context, combine((s.code, w) for s, w in weighted)
-            decisive = max((s for s, _ in weighted), key=lambda s: s.precise)
+            most = max(range(len(weighted)), key=lambda i: weighted[i][0].precise)
+            decisive, text = weighted[most][0], read[most]
             note = (
                 f"; conversation ({len(scores)} user turns{', system' * bool(parts.system)}): "
                 f"last turn {last.p_precise:.3f}, with context {sigmoid(context):.3f}"
             )
         else:
-            logit, decisive = last.precise, last
+            logit, decisive, text = last.precise, last, read[len(scores) - 1 if scores else -1]
             code = None
     else:
         if not texts:
             return Classification(TOLERANT, "tolerant: no text to classify", p_precise=0.0)
         scores = [model.score(t) for t in texts]
         best = max(range(len(scores)), key=lambda i: scores[i].precise)
-        decisive, logit, code = scores[best], scores[best].precise, None
+        decisive, logit, code, text = scores[best], scores[best].precise, None, texts[best]
         if len(scores) > 1:
             note = f"; {count} prompts, #{best + 1} decides"
+    if rules.second is not None:
+        return _cascade(logit, code, decisive, text, model, rules.second, rule, note)
     return _model_verdict(logit, code, decisive, model, rule, note)
+
+
+def _cascade(
+    logit: float,
+    code: float | None,
+    decisive: TextScore,
+    text: str,
+    model: PromptModel,
+    second: SecondStage,
+    rule: ModelRule,
+    note: str,
+) -> Classification:
+    """The first stage of the cascade (gateway/request/classify/second_stage.py): sure of the
+    prompt, it decides; in its band, its cautious answer (precise) comes with the query for the
+    second."""
+    p, band = sigmoid(logit), second.rule
+    code_logit = decisive.code if code is None else code
+    if second.in_band(p):
+        why = _why(decisive, model, rule, True)
+        first = band_reason(p, band, why)
+        cls = CODE if code_logit >= 0 else MATH
+        reason = ascii_text(f"{cls}: {first}; p(code) {sigmoid(code_logit):.2f}{note}")
+        query = BandQuery(second, text, p, code_logit, ascii_text(first), ascii_text(note))
+        return Classification(cls, reason, p_precise=p, band=query)
+    precise = p >= band.sure_precise
+    why = _why(decisive, model, rule, precise)
+    if not precise:
+        reason = f"tolerant: stage 1 p(precise) {p:.3f} < {band.sure_tolerant:g} sure{why}{note}"
+        return Classification(TOLERANT, ascii_text(reason), p_precise=p)
+    cls = CODE if code_logit >= 0 else MATH
+    reason = (
+        f"{cls}: stage 1 p(precise) {p:.3f} >= {band.sure_precise:g} sure{why}; "
+        f"p(code) {sigmoid(code_logit):.2f}{note}"
+    )
+    return Classification(cls, ascii_text(reason), p_precise=p)
+
+
+def _why(decisive: TextScore, model: PromptModel, rule: ModelRule, precise: bool) -> str:
+    top = " ".join(decisive.top(precise, rule.top_features))
+    return f" ({model.label}: {top})" if top else f" ({model.label})"
 
 
 def _model_verdict(

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.request.classify.second_stage import BandQuery
 
 
 @dataclass(frozen=True)
@@ -15,6 +19,7 @@ class Classification:
     code_score: float = 0.0
     math_score: float = 0.0
     p_precise: float | None = None  # the model's probability, when a model decided
+    band: BandQuery | None = None  # in the first stage's band: the second stage decides
 
 
 def ascii_text(text: str) -> str:

@@ -40,7 +40,7 @@ from gateway.request.kind import Kind
 from gateway.request.route.chain import open_chain
 from gateway.request.route.decided import CompletionRequest
 from gateway.request.route.endpoint_choice import Saturation, endpoint_id, session_key
-from gateway.request.route.plan import Assessment, assess, plan_route, route_headers
+from gateway.request.route.plan import Assessment, assess, plan_route, route_headers, settle_band
 from gateway.request.stream.relay import (
     Reply,
     UpstreamStreamingResponse,
@@ -147,6 +147,8 @@ async def _assess(received: Received, active: ActivePolicy) -> Assessment:
     longest = max(length for _, length in contexts)
     found = assess(body, kind, active.policy, active.rules, runtime.counter,
                    context_limit=longest, tiers=contexts)  # fmt: skip
+    if found.band is not None:  # the first stage was unsure: the second decides, off the loop
+        found = await settle_band(found)
     exchange.cls, exchange.reason = found.cls, found.reason
     exchange.input_tokens = found.input_tokens
     if not found.counted:  # planned on a bound: the exact count once the answer is out

@@ -23,6 +23,7 @@ Order of the checks (policies/routing.yaml explains each knob):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,7 @@ from typing import Any
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, APIError
 from gateway.policy.schema import RoutingPolicy
 from gateway.request.classify.classes import CompiledClasses, classify_request
+from gateway.request.classify.second_stage import BandQuery, settle
 from gateway.request.kind import Kind
 from gateway.request.route.router import (
     CONTEXT_LENGTH_EXCEEDED,
@@ -79,6 +81,17 @@ class Assessment:
     cost: int = 1
     p_precise: float | None = None  # the classifier model's probability, when it decided
     counted: bool = True  # False: input_tokens is a bound that decided every limit (see assess)
+    band: BandQuery | None = None  # the first stage was unsure: the second decides (proxy.py)
+
+
+async def settle_band(found: Assessment) -> Assessment:
+    """An assessment in the first stage's band, decided by the second stage (off the event
+    loop, bounded: gateway/request/classify/second_stage.py)."""
+    assert found.band is not None
+    second = await settle(found.band)
+    return dataclasses.replace(
+        found, cls=second.cls, reason=second.reason, p_precise=second.p_precise, band=None
+    )
 
 
 def assess(
@@ -111,7 +124,8 @@ def assess(
         ):
             found = classify_request(body, bound, rules)
             return Assessment(found.cls, found.reason, bound, field, max_tokens, cost=cost,
-                              p_precise=found.p_precise, counted=False)  # fmt: skip
+                              p_precise=found.p_precise, counted=False,
+                              band=found.band)  # fmt: skip
     input_tokens = count_prompt(body, kind, counter, limit)
     if limit is not None and input_tokens > limit:
         # Past every tier's context, and past the gateway's own limit when it rejects: say the
@@ -143,6 +157,7 @@ def assess(
             max_tokens,
             cost=cost,
             p_precise=found.p_precise,
+            band=found.band,
         )
     if gate.action == "reject":
         raise _too_long(gate.message, found.cls, found.reason, kind)

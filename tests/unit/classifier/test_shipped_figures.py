@@ -58,3 +58,24 @@ def test_the_docs_quote_the_held_out_figures() -> None:
         ("precise recall", model.precise_recall),
     ):
         assert f"{value:.1%}" in text, name
+
+
+def test_the_docs_quote_the_cascades_held_out_figures() -> None:
+    """docs/classifier.md's cascade table: the shipped policies/classes-cascade.yaml (its
+    weights and thresholds) reproduces the held-out figures quoted, band share included."""
+    text = DOCS.read_text(encoding="utf-8")
+    for file in (evaluate.HELDOUT, evaluate.FOLLOWUPS):
+        rows = evaluate.load_rows(file)
+        cascade = evaluate.measure("cascade", evaluate.cascade_rules(), rows)
+        alone = evaluate.measure("model", evaluate.policy_rules(evaluate.POLICY), rows)
+        name = str(file.relative_to(ROOT))
+        # The row: the first stage alone, then the cascade and its share in the band.
+        line = next((x for x in text.splitlines() if x.startswith(f"| `{name}` ")), "")
+        assert line, f"docs/classifier.md has no cascade row for {name}"
+        expected = (
+            f"{alone.precise_recall:.1%} / {alone.tolerant_recall:.1%} | "
+            f"{cascade.precise_recall:.1%} / {cascade.tolerant_recall:.1%} | "
+            f"{cascade.band / cascade.total:.1%} |"
+        )
+        assert line.endswith(expected), (line, expected)
+

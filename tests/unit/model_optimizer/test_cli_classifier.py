@@ -28,7 +28,7 @@ def test_evaluate_prints_both_classifiers_side_by_side(
     assert main(["classifier", "evaluate", str(file), "--json", str(figures)]) == 0
     out = capsys.readouterr().out
     assert "| prompts | 3 | 3 |" in out
-    assert "model (prompt-model v3, threshold" in out and "keyword rules" in out
+    assert "model (prompt-model v4, threshold" in out and "keyword rules" in out
     recorded = json.loads(figures.read_text())["files"][str(file)]
     assert recorded["keyword rules"]["prompts"] == 3
 

@@ -108,7 +108,7 @@ def test_the_shipped_policy_loads_against_the_shipped_tiers() -> None:
     store = PolicyStore(shipped, KNOWN)
     assert store.load().policy.tiers == list(KNOWN)
     model = store.status()["classifier_model"]
-    assert (model["name"], model["version"], len(model["digest"])) == ("prompt-model", 3, 12)
+    assert (model["name"], model["version"], len(model["digest"])) == ("prompt-model", 4, 12)
 
 
 def test_nothing_is_served_before_a_load(policy_file: Path) -> None:

@@ -201,7 +201,7 @@ def test_the_shipped_policy_on_the_issues_prompts(text: str, expected: str) -> N
     rules = CompiledClasses.build(load_policy(POLICY).classes, POLICY.parent)
     found = classify_request(_chat(text), 30, rules)
     assert found.cls == expected, found.reason
-    assert found.reason.isascii() and "prompt-model v3" in found.reason
+    assert found.reason.isascii() and "prompt-model v4" in found.reason
 
 
 def test_the_shipped_policy_keeps_a_conversations_class() -> None:
