@@ -36,7 +36,7 @@ def render(
     variants (the checks ``up`` makes: fractions below 1, a passed variant for the engine)."""
     launches = tier_launches(spec, variants, options)
     replicas: dict[str, int] = {tier.name: tier.replicas for tier in spec.tiers}
-    config = gateway_config(spec.model_name, launches, options, replicas)
+    config = gateway_config(spec.model_name, launches, options, replicas, spec.admission)
     namespace: Manifest = {
         "apiVersion": "v1",
         "kind": "Namespace",
