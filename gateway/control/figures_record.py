@@ -3,7 +3,7 @@
 The leader writes one ``FiguresRecord`` (JSON) to Redis (gateway/shared/fenced.py): per tier
 the figures the route derivation takes (``MeasuredTier``: agreement per category, speed, the
 per-prompt samples, emulated or not) and the classes the admission check admitted; per endpoint
-when it was measured, in which generation and variant, its verdict line and whether it passed;
+when it was measured, in which variant, its verdict line and whether it passed;
 when the record was written, by which replica and with which fencing token. ``parse_record``
 turns text into a record or ``None``: a text that does not parse is logged once (per distinct
 text) and the caller keeps the last good record. ``merge`` (pure) folds one run into a record.
@@ -29,13 +29,12 @@ class EndpointRecord(BaseModel):
     tier: str
     url: str
     at: float  # epoch seconds
-    generation: int = 0
     digest: str = ""
     passed: bool = True
     verdict: str = ""  # the admission verdict's line ("" for the reference)
 
     def measured(self) -> Measured:
-        return Measured(self.tier, self.url, self.at, self.generation, self.digest)
+        return Measured(self.tier, self.url, self.at, self.digest)
 
 
 class FiguresRecord(BaseModel):
@@ -101,8 +100,9 @@ def merge(
     replica: str,
     token: int,
 ) -> FiguresRecord:
-    """``current`` with one run's figures: the run's tiers replace theirs, the other tiers
-    keep theirs (a pool's tier: the figures and verdict of its endpoint measured last)."""
+    """``current`` with one run's figures: the run's tiers replace theirs (a run measures
+    every tier with a ready endpoint: a pool's tier has the figures and verdict of its endpoint
+    measured last), a tier the run could not reach keeps its last figures."""
     keep = current if current is not None and current.reference == reference else None
     out_tiers = dict(keep.tiers) if keep else {}
     out_tiers.update(tiers)

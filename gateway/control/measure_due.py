@@ -5,8 +5,9 @@ pool: the in-engine admission check (measure/admission_run.py) and the speed cal
 (measure/speed.py). An endpoint is due:
 
 - ``new``: never measured (the gateway's start, a new pod in a ``dns`` pool);
-- ``restarted``: its ``generation`` moved (it left ready and came back: a supervisor restart,
-  a crashed server) since it was measured;
+- ``restarted``: it came back to ready after being away (a supervisor restart, a crashed
+  server) since it was measured (``back_at``, seen by every replica's own scrapes: a leader
+  that takes over sees no return it did not watch, so it does not measure everything again);
 - ``new variant``: the variant digest it serves changed;
 - ``schedule``: measured ``interval`` seconds ago or more, and the traffic is quiet.
   A record whose time lies ahead of ``now`` by more than ``CLOCK_SLACK`` (the clock went back)
@@ -36,7 +37,7 @@ class Endpoint:
     tier: str
     url: str
     ready: bool = True
-    generation: int = 0  # times it came back to ready after being away
+    back_at: float | None = None  # when it last came back to ready after being away
     digest: str = ""  # the variant it serves ("" unknown)
 
 
@@ -47,7 +48,6 @@ class Measured:
     tier: str
     url: str
     at: float  # epoch seconds
-    generation: int = 0
     digest: str = ""
 
 
@@ -97,7 +97,7 @@ def _reason(
 ) -> str | None:
     if record is None:
         return "new"
-    if record.generation != e.generation:
+    if e.back_at is not None and e.back_at > record.at:
         return "restarted"
     if e.digest and record.digest != e.digest:
         return "new variant"
@@ -117,45 +117,48 @@ def plan_runs(
     reference: str,
     max_runs: int,
 ) -> list[dict[str, str]]:
-    """Runs (tier -> url), each with one ready reference endpoint and at most one endpoint of
-    every other tier; the due endpoints of one tier go to successive runs. Nothing can be
-    judged without a ready reference endpoint: then no run at all."""
-    ready_refs = [e.url for e in endpoints if e.tier == reference and e.ready]
-    if not ready_refs or max_runs <= 0:
+    """Runs (tier -> url) of one ready endpoint of every tier, the due ones first (a pool's due
+    endpoints go to successive runs, the other tiers lending a ready endpoint each): every
+    run measures all tiers together, so the figures a route is derived from are always paired
+    by prompt under one load (gateway/policy/confidence.py). Nothing can be judged without a
+    ready reference endpoint: then no run at all."""
+    ready: dict[str, list[str]] = {}
+    for e in endpoints:
+        if e.ready:
+            ready.setdefault(e.tier, []).append(e.url)
+    if reference not in ready or max_runs <= 0:
         return []
     queues: dict[str, list[str]] = {}
     for d in wanted:
-        queues.setdefault(d.tier, []).append(d.url)
+        if d.url in ready.get(d.tier, []):
+            queues.setdefault(d.tier, []).append(d.url)
     runs: list[dict[str, str]] = []
     while any(queues.values()) and len(runs) < max_runs:
-        run: dict[str, str] = {}
-        refs = queues.get(reference) or []
-        run[reference] = refs.pop(0) if refs else ready_refs[len(runs) % len(ready_refs)]
-        for tier, urls in queues.items():
-            if tier != reference and urls:
-                run[tier] = urls.pop(0)
+        run = {}
+        for tier, urls in ready.items():
+            queue = queues.get(tier) or []
+            run[tier] = queue.pop(0) if queue else urls[len(runs) % len(urls)]
         runs.append(run)
     return runs
 
 
-class Generations:
-    """Counts, per endpoint, the times it came back to ready after being seen away (pure
-    state fed with what the board says at each look)."""
+class Returns:
+    """When each endpoint last came back to ready after being seen away (state fed with what
+    the board says at each look, on every replica)."""
 
     def __init__(self) -> None:
         self._ready: dict[Key, bool] = {}
-        self._generation: dict[Key, int] = {}
+        self._back_at: dict[Key, float] = {}
 
-    def observe(self, tier: str, url: str, ready: bool) -> int:
+    def observe(self, tier: str, url: str, ready: bool, now: float) -> float | None:
         key = (tier, url)
-        before = self._ready.get(key)
-        if before is False and ready:
-            self._generation[key] = self._generation.get(key, 0) + 1
+        if self._ready.get(key) is False and ready:
+            self._back_at[key] = now
         self._ready[key] = ready
-        return self._generation.get(key, 0)
+        return self._back_at.get(key)
 
     def forget_except(self, keep: set[Key]) -> None:
-        """Drop endpoints that left their pool (a pod that comes back later is new)."""
+        """Drop endpoints that left their pool (one that comes back later is new)."""
         for key in [k for k in self._ready if k not in keep]:
             self._ready.pop(key, None)
-            self._generation.pop(key, None)
+            self._back_at.pop(key, None)

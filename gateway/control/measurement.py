@@ -41,9 +41,8 @@ import anyio
 from backends.tier_state import TierState
 from gateway.config import GatewayConfig
 from gateway.control.figures_record import EndpointRecord, FiguresRecord, RecordParser, merge
-from gateway.control.measure_due import Endpoint, Generations, Schedule, due, plan_runs
+from gateway.control.measure_due import Endpoint, Returns, Schedule, due, plan_runs
 from gateway.control.measurement_run import (
-    RunFailed,
     RunFigures,
     RunTarget,
     check_probes,
@@ -81,7 +80,7 @@ class Measurement:
         self.parser = RecordParser()
         self.applied: FiguresRecord | None = seed_record(runtime)
         self._seed_unsent = self.applied is not None
-        self.generations = Generations()
+        self.returns = Returns()
         self.failed_at: dict[tuple[str, str], float] = {}
         self.quiet_since: float | None = None  # time.monotonic(): immune to clock jumps
         self._run = run or self._measure
@@ -98,16 +97,18 @@ class Measurement:
             await anyio.sleep(self.settings.tick_s)
 
     async def tick(self) -> list[dict[str, str]]:
-        """Lead (maybe), then follow the shared record. Returns the runs measured."""
+        """Follow the shared record, and lead (maybe). Returns the runs measured."""
         done: list[dict[str, str]] = []
         quiet = await self._quiet()
+        endpoints = self.endpoints()  # every replica watches returns: a new leader knows them
         token = await self.lock.acquire()
-        if token is not None and not self.lock.cut_off:
-            if self._seed_unsent and self.applied is not None:
-                seed = self.applied.model_copy(update={"token": token})
-                self._seed_unsent = not await self.value.write(seed.model_dump_json(), token)
-            done = await self._lead(token, quiet)
-        await self.follow()
+        leads = token is not None and not self.lock.cut_off
+        if leads and token is not None and self._seed_unsent and self.applied is not None:
+            seed = self.applied.model_copy(update={"token": token})
+            self._seed_unsent = not await self.value.write(seed.model_dump_json(), token)
+        await self.follow()  # a new leader goes on from what the last one measured
+        if leads and token is not None:
+            done = await self._lead(token, quiet, endpoints)
         return done
 
     async def follow(self) -> None:
@@ -119,7 +120,7 @@ class Measurement:
             self.applied = record
             return
         self.applied = record
-        apply_record(self.runtime, record)
+        await apply_record(self.runtime, record)
 
     # ------------------------------------------------------------------ the leader
 
@@ -129,47 +130,46 @@ class Measurement:
         for tier in board.tiers:
             for url in board.pool(tier):
                 ready = board.endpoint_state(tier, url) == TierState.READY
-                generation = self.generations.observe(tier, url, ready)
+                back_at = self.returns.observe(tier, url, ready, self.clock())
                 digest = self.settings.digests.get(tier, "")
-                out.append(Endpoint(tier, url, ready, generation, digest))
+                out.append(Endpoint(tier, url, ready, back_at, digest))
                 keep.add((tier, url))
-        self.generations.forget_except(keep)
+        self.returns.forget_except(keep)
         return out
 
-    async def _lead(self, token: int, quiet: bool) -> list[dict[str, str]]:
+    async def _lead(
+        self, token: int, quiet: bool, endpoints: list[Endpoint]
+    ) -> list[dict[str, str]]:
         s = self.settings
-        endpoints = self.endpoints()
         last = self.applied.last_measured() if self.applied is not None else {}
         schedule = Schedule(s.interval_s, s.retry_s, s.max_runs)
         wanted = due(endpoints, last, self.clock(), quiet, schedule, self.failed_at)
         runs = plan_runs(wanted, endpoints, s.reference, s.max_runs)
-        by_key = {(e.tier, e.url): e for e in endpoints}
         reasons = {(d.tier, d.url): d.reason for d in wanted}
         done = []
         for tiers in runs:
             why = ", ".join(f"{t} {reasons.get((t, u), 'reference')}" for t, u in tiers.items())
-            if not await self._one_run(tiers, token, by_key, why):
+            outcome = await self._one_run(tiers, token, why)
+            if outcome == "ok":
+                done.append(tiers)
+            elif outcome != "failed":  # lost_lock, refused: no longer the one to measure
                 break
-            done.append(tiers)
         return done
 
-    async def _one_run(
-        self, tiers: dict[str, str], token: int, by_key: dict[tuple[str, str], Endpoint], why: str
-    ) -> bool:
-        """Measure one run and write it; False when the leader should stop this tick."""
+    async def _one_run(self, tiers: dict[str, str], token: int, why: str) -> str:
+        """Measure one run and write it: ok, failed, lost_lock or refused."""
         started = self.clock()
         logger.info("measuring %s (%s)", ", ".join(f"{t} {u}" for t, u in tiers.items()), why)
         outcome, figures = await self._measured_or_failed(tiers)
         if figures is None:
             self._fail(tiers, outcome, started)
-            return outcome != "lost_lock"
+            return outcome
         now = self.clock()
         endpoints = [
             EndpointRecord(
                 tier=t,
                 url=u,
                 at=now,
-                generation=by_key[(t, u)].generation if (t, u) in by_key else 0,
                 digest=self.settings.digests.get(t, ""),
                 passed=figures.verdicts.get(t, (True, ""))[0],
                 verdict=figures.verdicts.get(t, (True, ""))[1],
@@ -184,45 +184,45 @@ class Measurement:
         )
         if not written:
             self._fail(tiers, "refused", started)  # a newer leader wrote, or Redis failed
-            return False
+            return "refused"
         for key in endpoints:
             self.failed_at.pop((key.tier, key.url), None)
         self.applied = record  # this replica routes on it at once (follow() sees it as known)
-        apply_record(self.runtime, record)
+        await apply_record(self.runtime, record)
         self.runtime.metrics.measurement_runs.labels("ok").inc()
         self.last = f"measured {', '.join(tiers)} at {iso(now)} ({why})"
         logger.info("measured %s in %.0f s", ", ".join(tiers), now - started)
-        return True
+        return "ok"
 
     async def _measured_or_failed(self, tiers: dict[str, str]) -> tuple[str, RunFigures | None]:
         """The run's figures, or why there are none: failed (with the reason logged),
         lost_lock; the lock is renewed while the run goes on."""
         figures: RunFigures | None = None
-        outcome = "lost_lock"
+        outcome, failure = "lost_lock", ""
         target = self._target(tiers)
         try:
             with anyio.fail_after(self.settings.run_timeout_s):
                 async with anyio.create_task_group() as group:
 
                     async def work() -> None:
-                        nonlocal figures, outcome
-                        figures, outcome = await self._run(target), "ok"
+                        nonlocal figures, outcome, failure
+                        try:
+                            figures, outcome = await self._run(target), "ok"
+                        except Exception as exc:  # RunFailed, or anything a probe's I/O raised
+                            outcome, failure = "failed", " ".join(str(exc).split())[:300]
                         group.cancel_scope.cancel()
 
                     group.start_soon(self._keep_leading, group.cancel_scope.cancel)
                     group.start_soon(work)
-        except RunFailed as exc:
-            logger.warning(
-                "measurement of %s failed, the last figures keep serving: %s", ", ".join(tiers), exc
-            )
-            return "failed", None
         except TimeoutError:
+            outcome = "failed"
+            failure = f"took over {self.settings.run_timeout_s:g} s: interrupted"
+        if outcome != "ok":
+            why = failure or "leadership lost during the run"
             logger.warning(
-                "measurement of %s took over %g s: interrupted, the last figures keep serving",
-                ", ".join(tiers),
-                self.settings.run_timeout_s,
+                "measurement of %s: %s; the last figures keep serving", ", ".join(tiers), why
             )
-            return "failed", None
+            return outcome, None
         return outcome, figures
 
     def _target(self, tiers: dict[str, str]) -> RunTarget:
@@ -297,7 +297,7 @@ def seed_record(runtime: Runtime) -> FiguresRecord | None:
     )
 
 
-def apply_record(runtime: Runtime, record: FiguresRecord) -> bool:
+async def apply_record(runtime: Runtime, record: FiguresRecord) -> bool:
     """Route on ``record``: its verdicts to the board, its figures re-derived into routes."""
     board = runtime.board
     for name in board.tiers:
@@ -309,7 +309,7 @@ def apply_record(runtime: Runtime, record: FiguresRecord) -> bool:
     if not isinstance(policies, PolicyStore):
         return False
     why = f"figures measured by {record.replica} at {iso(record.written_at)}"
-    return policies.remeasure(figures, record.reference, why)
+    return await policies.remeasure(figures, record.reference, why)
 
 
 def describe(measurement: Measurement | None) -> dict[str, object] | None:

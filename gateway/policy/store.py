@@ -233,22 +233,25 @@ class PolicyStore:
             raise PolicyError(f"{self.path}: cannot use routing policy: {reason}") from None
         return ActivePolicy(policy, rules, digest, self._clock(), str(self.path), derived, data)
 
-    def remeasure(
+    async def remeasure(
         self, measured: Mapping[str, TierFigures], reference: str | None, why: str
     ) -> bool:
         """Routes derived again from new measured figures, the policy file unchanged (the
         gateway's own measurements, gateway/control/measurement.py), with the serving
-        derivation as ``previous``: a route moves only on a significant difference. False
+        derivation as ``previous``: a route moves only on a significant difference. Built in a
+        worker thread (the classifier's rules are compiled again), swapped on the loop. False
         (and the routes serving stay) when the derivation fails; logged."""
         old_measured, old_reference = self.measured, self.reference
         self.measured, self.reference = dict(measured), reference
         active = self.active
         try:
-            new = self._build(active.source_bytes, active.digest)
+            new = await asyncio.to_thread(self._build, active.source_bytes, active.digest)
         except PolicyError as exc:
             self.measured, self.reference = old_measured, old_reference
             logger.warning("routes not re-derived from %s, still serving the last: %s", why, exc)
             return False
+        if self._active is not active:  # the file was reloaded meanwhile: derive on that one
+            return await self.remeasure(measured, reference, why)
         self._apply(new, cause=why)
         return True
 
