@@ -148,7 +148,7 @@ class Measurement:
         reasons = {(d.tier, d.url): d.reason for d in wanted}
         done = []
         for tiers in runs:
-            why = ", ".join(f"{t} {reasons.get((t, u), 'reference')}" for t, u in tiers.items())
+            why = ", ".join(f"{t} {reasons.get((t, u), 'alongside')}" for t, u in tiers.items())
             outcome = await self._one_run(tiers, token, why)
             if outcome == "ok":
                 done.append(tiers)
