@@ -143,22 +143,29 @@ def plan_runs(
 
 
 class Returns:
-    """When each endpoint last came back to ready after being seen away (state fed with what
-    the board says at each look, on every replica)."""
+    """When each endpoint last came back to ready after being seen away (down or starting: a
+    restart; a reset's draining and resetting are not away, the server kept running), fed
+    with what the board says at each look, on every replica."""
 
     def __init__(self) -> None:
-        self._ready: dict[Key, bool] = {}
+        self._away: dict[Key, bool] = {}
         self._back_at: dict[Key, float] = {}
 
-    def observe(self, tier: str, url: str, ready: bool, now: float) -> float | None:
+    def observe(
+        self, tier: str, url: str, ready: bool, now: float, away: bool | None = None
+    ) -> float | None:
+        """``away`` (default: not ``ready``): the endpoint is down or starting."""
         key = (tier, url)
-        if self._ready.get(key) is False and ready:
-            self._back_at[key] = now
-        self._ready[key] = ready
+        if away if away is not None else not ready:
+            self._away[key] = True
+        elif ready:
+            if self._away.get(key):
+                self._back_at[key] = now
+            self._away[key] = False
         return self._back_at.get(key)
 
     def forget_except(self, keep: set[Key]) -> None:
         """Drop endpoints that left their pool (one that comes back later is new)."""
-        for key in [k for k in self._ready if k not in keep]:
-            self._ready.pop(key, None)
+        for key in [k for k in self._away if k not in keep]:
+            self._away.pop(key, None)
             self._back_at.pop(key, None)

@@ -59,6 +59,7 @@ from measure.admission import AdmissionProbe
 logger = logging.getLogger(__name__)
 RECORD_NAME = "measured-figures"  # + the deployment's identity (record_name)
 RATE_WINDOW = 10.0  # seconds of traffic behind each quiet check
+_AWAY = (TierState.DOWN, TierState.STARTING)  # a restart; not a reset's draining/resetting
 Run = Callable[[RunTarget], Awaitable[RunFigures]]
 
 
@@ -129,8 +130,9 @@ class Measurement:
         out, keep = [], set()
         for tier in board.tiers:
             for url in board.pool(tier):
-                ready = board.endpoint_state(tier, url) == TierState.READY
-                back_at = self.returns.observe(tier, url, ready, self.clock())
+                state = board.endpoint_state(tier, url)
+                ready, away = state == TierState.READY, state in _AWAY
+                back_at = self.returns.observe(tier, url, ready, self.clock(), away)
                 digest = self.settings.digests.get(tier, "")
                 out.append(Endpoint(tier, url, ready, back_at, digest))
                 keep.add((tier, url))

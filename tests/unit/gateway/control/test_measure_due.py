@@ -103,3 +103,13 @@ def test_returns_are_the_times_an_endpoint_came_back_to_ready() -> None:
     assert found == [None, None, None, None, 4.0, 4.0, 4.0, 7.0]
     seen.forget_except(set())
     assert seen.observe("int8", "u", True, 9.0) is None  # a pod that left and came back is new
+
+
+def test_a_reset_is_no_return_the_server_kept_running() -> None:
+    seen = Returns()
+    seen.observe("int8", "u", True, 1.0)
+    seen.observe("int8", "u", False, 2.0, away=False)  # draining, then resetting
+    seen.observe("int8", "u", False, 3.0, away=False)
+    assert seen.observe("int8", "u", True, 4.0) is None
+    seen.observe("int8", "u", False, 5.0, away=True)  # down: a restart
+    assert seen.observe("int8", "u", True, 6.0) == 6.0
