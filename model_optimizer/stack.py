@@ -307,7 +307,9 @@ def _serve(
             launches,
             admission,
             measured_at=admission_time(admission, cached, key),
-            measurement=gateway_measurement(spec.admission, digests, len(launches)),
+            measurement=gateway_measurement(
+                spec.admission, digests, len(launches) if opts.gateway_measures else 0
+            ),
         )
         floors = {str(k): v for k, v in spec.admission.floors.items()}
         written = record_measurements(opts.gateway_port, config, floors)
