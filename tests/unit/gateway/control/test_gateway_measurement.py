@@ -226,3 +226,30 @@ def test_a_run_past_its_time_budget_is_interrupted_and_writes_nothing(
     measured, text, first, runtime = run_replicas([cfg], [Stuck(INT8_FAST)], [NOW], scenario)
     assert measured == [] and text is None and first == "int4"  # as written, still
     assert runtime.metrics.measurement_runs.labels("failed")._value.get() == 1
+
+
+def test_a_leader_that_loses_its_lock_mid_run_writes_nothing(
+    stubs: list[str], tmp_path: Path
+) -> None:
+    class Slow(Runs):
+        async def __call__(self, target: RunTarget) -> RunFigures:
+            self.targets.append(target)
+            await asyncio.sleep(5)  # long enough for a renewal to find the lock gone
+            return INT8_FAST
+
+    async def scenario(ms: list[Measurement], rts: list[Runtime]) -> Any:
+        m = ms[0]
+        m.lock = LeaderLock(None, "test:short-lease", ttl=0.3)  # renewed every 0.1 s
+
+        async def lost() -> bool:
+            return False  # another replica took the lock (its lease expired here)
+
+        m.lock.renew = lost  # type: ignore[method-assign]
+        measured = await m.tick()
+        return measured, await m.value.read(), first_tier(rts[0]), rts[0]
+
+    measured, text, first, runtime = run_replicas(
+        [config(stubs, tmp_path)], [Slow(INT8_FAST)], [NOW], scenario
+    )
+    assert measured == [] and text is None and first == "int4"
+    assert runtime.metrics.measurement_runs.labels("lost_lock")._value.get() == 1
