@@ -67,6 +67,8 @@ def gateway_config(
     options: KubeOptions,
     replicas: Mapping[str, int] | None = None,
     admission: AdmissionSpec | None = None,
+    *,
+    digests: Mapping[str, str] | None = None,
 ) -> GatewayConfig:
     """The gateway ``up`` would run, in the cluster: each tier at its headless Service with its
     real max_model_len, the first tier's variant as tokenizer (all variants share it), Redis, a
@@ -78,7 +80,9 @@ def gateway_config(
 
     With ``admission`` (the spec's) the gateway measures its tiers itself, as ``up`` does
     (gateway/control/measurement.py): the in-engine check and the speed calibration of every
-    pod, at start, when a pod appears or comes back, and in quiet windows."""
+    pod, at start, when a pod appears or comes back, and in quiet windows; ``digests`` (tier ->
+    its variant's digest) make a rendering with new variants measured again at once, even
+    where a rolling update never shows the gateway a tier down."""
     tiers = [_endpoint(t, (replicas or {}).get(t.name, 1)) for t in launches]
     names = {t.name for t in launches}
     measures = admission is not None and admission.enabled and admission.reference in names
@@ -87,6 +91,7 @@ def gateway_config(
         reference=admission.reference if admission is not None else "fp16",
         floors={str(k): v for k, v in admission.floors.items()} if admission is not None else {},
         max_tokens=admission.max_tokens if admission is not None else 32,
+        digests=dict(digests or {}),
     )
     return GatewayConfig(
         model_name=model_name,
