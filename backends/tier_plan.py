@@ -74,6 +74,7 @@ class VariantInfo:
     bytes_per_token: int
     format: str = "safetensors"
     sampling: Mapping[str, float] = field(default_factory=dict)  # generation_config.json's
+    digest: str = ""  # metadata.json's input_key.digest: what the variant was built from
 
 
 def read_variant(folder: Path) -> VariantInfo:
@@ -112,7 +113,15 @@ def read_variant(folder: Path) -> VariantInfo:
         bytes_per_token=number("bytes_per_token"),
         format=str(meta.get("format", "safetensors")),
         sampling=_sampling(folder / GENERATION_CONFIG),
+        digest=_input_digest(meta),
     )
+
+
+def _input_digest(meta: Mapping[str, object]) -> str:
+    """The optimizer's digest of what the variant was built from ("" when not written)."""
+    key = meta.get("input_key")
+    digest = key.get("digest") if isinstance(key, dict) else None
+    return digest if isinstance(digest, str) else ""
 
 
 def _sampling(path: Path) -> dict[str, float]:

@@ -7,7 +7,8 @@
 - ``GET /admin/routes``: each class's route now, how it came to be (derived, as written,
   pinned and what the measurements say of the pin), the derivation's reasons, its last change
   and why; each tier's calibration figures beside its live figures; the route change history
-  (gateway/policy/routes_view.py).
+  (gateway/policy/routes_view.py); with the gateway's own measurements on, when and by which
+  replica the figures were measured, per endpoint (gateway/control/measurement.py).
 - ``GET /admin/tiers``: each tier's state, last scrape, load and in-flight count (all replicas).
 - ``GET /admin/resets``: the reset schedule, the leader, the reset under way and the history.
 - ``POST /admin/resets/{tier}``: reset a tier now (queued for the leading replica; the safety
@@ -21,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.control.measurement import describe
 from gateway.control.resets import ResetCoordinator
 from gateway.errors import APIError
 from gateway.measured import tier_figures
@@ -67,7 +69,8 @@ async def routes(request: Request) -> Response:
         runtime.live.summary(),
         runtime.live.describe_window(),
     )
-    return JSONResponse(document)
+    measured = describe(getattr(request.app.state, "measurement", None))
+    return JSONResponse(document | ({"measurement": measured} if measured is not None else {}))
 
 
 async def tiers(request: Request) -> Response:

@@ -28,6 +28,7 @@ from backends.tier_state import TierState
 from gateway.admin import admin_routes
 from gateway.auth import AuthMiddleware
 from gateway.config import GatewayConfig
+from gateway.control.measurement import Measurement
 from gateway.control.reset_marks import apply_shared_marks
 from gateway.control.resets import ResetCoordinator
 from gateway.control.shadow import ShadowSampler, encoder
@@ -134,10 +135,13 @@ def create_app(
             )
             await lock.start()
             coordinator = ResetCoordinator(runtime, lock)
+            # The gateway's own measurements, led through the same lock (one leader).
+            measurement = Measurement(runtime, lock) if config.measurement.enabled else None
             with anyio.move_on_after(config.connect_timeout):  # a slow resolver: the loop retries
                 await resolve_pools(board)
             await scrape_all(runtime)
             app.state.runtime, app.state.resets = runtime, coordinator
+            app.state.measurement = measurement
             try:
                 async with anyio.create_task_group() as group:
                     group.start_soon(
@@ -147,6 +151,8 @@ def create_app(
                         metrics,
                     )
                     group.start_soon(keep_running, "resets", coordinator.run, metrics)
+                    if measurement is not None:
+                        group.start_soon(keep_running, "measurement", measurement.run, metrics)
                     if any(tier.dns for tier in config.tiers):
                         pools = partial(resolve_forever, board, config.dns_interval)
                         group.start_soon(keep_running, "dns", pools, metrics)
@@ -160,7 +166,7 @@ def create_app(
                         runtime.shadow.attach(None)
                         group.cancel_scope.cancel()
             finally:
-                del app.state.runtime, app.state.resets
+                del app.state.runtime, app.state.resets, app.state.measurement
                 await lock.aclose()
                 await shared.aclose()
                 shutdown(provider)

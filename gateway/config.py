@@ -155,6 +155,43 @@ class MeasuredTier(BaseModel):
     emulated: bool = False
 
 
+class MeasurementConfig(BaseModel):
+    """The gateway's own measurements (gateway/control/measurement.py): the leading replica
+    runs the in-engine admission check (measure/admission_run.py) and the speed calibration
+    (measure/speed.py) on every endpoint of every tier at start, when an endpoint appears or
+    comes back, and every ``interval_s`` in a quiet window; every replica re-derives its routes
+    from the figures shared in Redis. Off unless enabled (``up``, compose and the Kubernetes
+    manifests enable it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    reference: str = "fp16"  # the tier the others are judged against
+    floors: dict[str, float] = Field(
+        default_factory=lambda: {"chat": 0.5, "code": 0.5, "math": 0.5}
+    )
+    max_tokens: int = Field(default=32, gt=0)  # tokens of each probe's answer
+    interval_s: float = Field(default=6 * 3600.0, gt=0)  # between scheduled measurements
+    # Quiet: the request rate across replicas below quiet_max_rps for quiet_for_s seconds.
+    quiet_max_rps: float = Field(default=0.5, ge=0)
+    quiet_for_s: float = Field(default=60.0, ge=0)
+    tick_s: float = Field(default=5.0, gt=0)  # how often due endpoints are looked for
+    # Budget: runs per look (a run: one endpoint of each tier), seconds one run may take
+    # (past it: interrupted, nothing written), seconds before a failed run is tried again.
+    max_runs: int = Field(default=2, gt=0)
+    run_timeout_s: float = Field(default=600.0, gt=0)
+    retry_s: float = Field(default=300.0, gt=0)
+    # The calibration (measure/speed.py SpeedOptions): prompts alone per tier, their length.
+    speed_requests: int = Field(default=8, gt=0)
+    speed_input_len: int = Field(default=128, gt=0)
+    speed_output_len: int = Field(default=32, gt=1)
+    speed_concurrency: int = Field(default=4, gt=0)
+    # The check's held-aside probes (JSONL: category, text); None: the shipped set.
+    probes_path: str | None = None
+    # Each tier's variant digest when known (``up`` gives them): a new one is measured again.
+    digests: dict[str, str] = Field(default_factory=dict)
+
+
 class GatewayConfig(BaseModel):
     """Everything ``create_app`` needs; tiers are tried in order until one answers."""
 
@@ -213,6 +250,10 @@ class GatewayConfig(BaseModel):
     # (gateway/policy/derive.py). Empty: every route as written.
     measured: dict[str, MeasuredTier] = Field(default_factory=dict)
     reference_tier: str | None = None  # the tier the quality figures are measured against
+    # When measured (epoch seconds): with ``measurement`` on, figures handed over by ``up`` for
+    # these endpoints are not measured again at start. None: not known (measured again).
+    measured_at: float | None = None
+    measurement: MeasurementConfig = Field(default_factory=MeasurementConfig)
     # Connections, as uvicorn serves them (gateway/server.py): at most max_connections at once
     # (past it: 503); at most max_connections_per_client from one address (None: no bound;
     # trusted proxies are not bounded); a request's head must arrive within header_timeout s

@@ -108,6 +108,13 @@ class GatewayMetrics:
             ["tier", "outcome"],
             registry=reg,
         )
+        self.measurement_runs = Counter(
+            "gateway_measurement_runs_total",
+            "Measurement runs (admission check + speed calibration) led by this replica, by "
+            "outcome: ok, failed, lost_lock, refused (a newer leader had written).",
+            ["outcome"],
+            registry=reg,
+        )
         self.reset_duration = Histogram(
             "gateway_kv_reset_duration_seconds",
             "Time a tier was out of routing for a reset (drain, reset, verify, warm-up).",

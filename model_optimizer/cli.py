@@ -69,6 +69,11 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--redis-url", default=DEFAULT_REDIS, help=f"shared state ('' for none; {DEFAULT_REDIS})"
     )
+    up.add_argument(
+        "--no-gateway-measurement",
+        action="store_true",
+        help="measure the tiers once at start only (the gateway does not measure them again)",
+    )
     opt = sub.add_parser("optimize", help="write FP16/INT8/INT4 variants of a model")
     _optimize_args(opt)
     chk = sub.add_parser("check", help="precision-check a variant folder against its model")
@@ -159,6 +164,7 @@ def _up(args: argparse.Namespace) -> int:
             policy=Path(args.policy) if args.policy else DEFAULT_POLICY,
             redis_url=args.redis_url or None,
             engine=args.engine,
+            gateway_measures=not args.no_gateway_measurement,
         )
     )
 

@@ -17,6 +17,7 @@ import secrets
 import signal
 import socket
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
@@ -32,6 +33,7 @@ from gateway.config import (
     TIER_KEY_ENV,
     GatewayConfig,
     MeasuredTier,
+    MeasurementConfig,
     TierEndpoint,
     keys_from_environment,
 )
@@ -140,10 +142,17 @@ def spec_tiers(spec: Path) -> list[str]:
 
 
 def gateway_config(
-    opts: UpOptions, name: str, launches: list[TierLaunch], admission: Admission | None = None
+    opts: UpOptions,
+    name: str,
+    launches: list[TierLaunch],
+    admission: Admission | None = None,
+    *,
+    measured_at: float | None = None,
+    measurement: MeasurementConfig | None = None,
 ) -> GatewayConfig:
     """The gateway in front of ``launches``: the policy, the fp16 variant's tokenizer (all
-    variants share it), each tier's max_model_len, Redis, and keys from the environment."""
+    variants share it), each tier's max_model_len, Redis, and keys from the environment;
+    the figures measured (``measured_at``: when) and how the gateway goes on measuring."""
     verdicts = admission.verdicts if admission else {}
     tiers = [
         TierEndpoint(
@@ -166,8 +175,37 @@ def gateway_config(
         policy_extra_tiers=[t for t in spec_tiers(opts.spec) if t not in {x.name for x in tiers}],
         measured=measured_tiers(admission, launches) if admission else {},
         reference_tier=admission.reference if admission else None,
+        measured_at=measured_at if admission else None,
+        measurement=measurement or MeasurementConfig(),
     )
     return keys_from_environment(config)
+
+
+def gateway_measurement(
+    spec: AdmissionSpec, digests: Mapping[str, str], tiers: int
+) -> MeasurementConfig:
+    """The gateway goes on measuring as ``up`` did at start (gateway/control/measurement.py):
+    the same reference, floors and answer length, the variants' digests; off when ``up``
+    checks nothing (the admission check off, or a single tier)."""
+    return MeasurementConfig(
+        enabled=spec.enabled and tiers >= 2,
+        reference=spec.reference,
+        floors={str(k): v for k, v in spec.floors.items()},
+        max_tokens=spec.max_tokens,
+        digests=dict(digests),
+    )
+
+
+def admission_time(admission: Admission | None, cached: Admission | None, key: str) -> float:
+    """When the figures ``up`` hands its gateway were measured: now, or for cached verdicts
+    the cache file's time (the gateway measures again once they are older than its schedule's
+    interval, in a quiet window)."""
+    if admission is not None and admission is cached:
+        try:
+            return cache_file(key).stat().st_mtime
+        except OSError:
+            return 0.0
+    return time.time()
 
 
 def measured_tiers(admission: Admission, launches: list[TierLaunch]) -> dict[str, MeasuredTier]:
@@ -263,7 +301,16 @@ def _serve(
         launches, admission = phase_admission(
             launches, vllm_variants, spec.admission, supervisor, key, cached
         )
-        config = gateway_config(opts, name, launches, admission)
+        config = gateway_config(
+            opts,
+            name,
+            launches,
+            admission,
+            measured_at=admission_time(admission, cached, key),
+            measurement=gateway_measurement(
+                spec.admission, digests, len(launches) if opts.gateway_measures else 0
+            ),
+        )
         floors = {str(k): v for k, v in spec.admission.floors.items()}
         written = record_measurements(opts.gateway_port, config, floors)
         if written is not None:

@@ -50,6 +50,9 @@ class UpOptions:
         "redis://127.0.0.1:6379/0"  # shared state; unreachable → local state, logged once
     )
     engine: str | None = None  # vllm | llama.cpp | auto (None: the spec's engine)
+    # The gateway goes on measuring the tiers (gateway/control/measurement.py): after a tier
+    # restarts and every 6 h in a quiet window. False: only up's measurement at start.
+    gateway_measures: bool = True
 
 
 def say(message: str) -> None:

@@ -89,6 +89,9 @@ class TierBoard:
         self.marks_refused: str | None = None  # why and which shared marks were refused last
         self._endpoints: dict[tuple[str, str], TierEndpoint] = {}  # endpoint()'s, made once
         self.guard = LiveGuard()  # classes shadow comparisons withheld from a tier
+        # The gateway's own admission verdicts (gateway/control/measurement.py) over the
+        # configured ``classes``: tier -> admitted classes (None: every class).
+        self._admitted: dict[str, frozenset[str] | None] = {}
 
     # ------------------------------------------------------------------ pools
 
@@ -240,11 +243,16 @@ class TierBoard:
     def classes(self, name: str) -> frozenset[str] | None:
         """The classes tier ``name`` may serve (``None``: all): what the admission check
         admitted, less what the live guard withholds."""
-        admitted = self.tiers[name].classes
+        admitted = self._admitted.get(name, self.tiers[name].classes)
         withheld = self.guard.classes_withheld(name)
         if not withheld:
             return frozenset(admitted) if admitted is not None else None
         return frozenset(admitted if admitted is not None else CLASS_NAMES) - withheld
+
+    def set_admitted(self, name: str, classes: frozenset[str] | None) -> None:
+        """The classes the latest admission check let tier ``name`` serve (None: all)."""
+        if name in self.tiers:
+            self._admitted[name] = classes
 
     def describe(self) -> dict[str, dict[str, object]]:
         """For ``/admin/tiers``: state, last scrape and load of each tier (a tier's figures

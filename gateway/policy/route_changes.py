@@ -76,8 +76,10 @@ def route_changes(
     derived: Mapping[str, DerivedChain],
     digest: str,
     at: float,
+    cause: str | None = None,
 ) -> list[RouteChange]:
-    """The classes whose tiers differ from ``old`` (``None``: a first load, every class)."""
+    """The classes whose tiers differ from ``old`` (``None``: a first load, every class);
+    ``cause``: what made them change when it is not a policy edit (new measured figures)."""
     out = []
     for cls, tiers in new.items():
         before = None if old is None else old.get(cls)
@@ -86,7 +88,7 @@ def route_changes(
         chain = derived.get(cls)
         why = chain.describe() if chain is not None else "the route as written"
         head = "loaded" if old is None else "applied"
-        reason = f"policy sha256 {digest[:12]} {head}: {why}"
+        reason = f"{cause}: {why}" if cause else f"policy sha256 {digest[:12]} {head}: {why}"
         out.append(RouteChange(at, cls, before, tiers, reason))
     return out
 

@@ -87,6 +87,7 @@ class ActivePolicy:
     # Routes derived from measurements (gateway/policy/derive.py); ``policy`` already holds
     # the derived chains, these say why.
     derived: Mapping[str, DerivedChain] = field(default_factory=dict)
+    source_bytes: bytes = field(default=b"", repr=False)  # the file as read: re-derived from
 
 
 class PolicyStore:
@@ -230,15 +231,38 @@ class PolicyStore:
         except Exception as exc:  # any other failure is a refused edit too, never a crash
             reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
             raise PolicyError(f"{self.path}: cannot use routing policy: {reason}") from None
-        return ActivePolicy(policy, rules, digest, self._clock(), str(self.path), derived)
+        return ActivePolicy(policy, rules, digest, self._clock(), str(self.path), derived, data)
 
-    def _apply(self, new: ActivePolicy) -> None:
+    async def remeasure(
+        self, measured: Mapping[str, TierFigures], reference: str | None, why: str
+    ) -> bool:
+        """Routes derived again from new measured figures, the policy file unchanged (the
+        gateway's own measurements, gateway/control/measurement.py), with the serving
+        derivation as ``previous``: a route moves only on a significant difference. Built in a
+        worker thread (the classifier's rules are compiled again), swapped on the loop. False
+        (and the routes serving stay) when the derivation fails; logged."""
+        old_measured, old_reference = self.measured, self.reference
+        self.measured, self.reference = dict(measured), reference
+        active = self.active
+        try:
+            new = await asyncio.to_thread(self._build, active.source_bytes, active.digest)
+        except PolicyError as exc:
+            self.measured, self.reference = old_measured, old_reference
+            logger.warning("routes not re-derived from %s, still serving the last: %s", why, exc)
+            return False
+        if self._active is not active:  # the file was reloaded meanwhile: derive on that one
+            return await self.remeasure(measured, reference, why)
+        self._apply(new, cause=why)
+        return True
+
+    def _apply(self, new: ActivePolicy, cause: str | None = None) -> None:
         old = served_routes(self._active.policy) if self._active is not None else None
         self._active = new  # one assignment: the swap
         self.last_error = self.last_error_at = None
-        logger.info("routing policy %s applied (sha256 %s)", self.path, new.digest[:12])
+        if cause is None:
+            logger.info("routing policy %s applied (sha256 %s)", self.path, new.digest[:12])
         changes = route_changes(
-            old, served_routes(new.policy), new.derived, new.digest, new.loaded_at
+            old, served_routes(new.policy), new.derived, new.digest, new.loaded_at, cause
         )
         self.history.extend(changes)
         report(changes, self.on_change)

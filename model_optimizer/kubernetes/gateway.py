@@ -14,11 +14,13 @@ from typing import Any
 import yaml
 
 from backends.launch import TierLaunch
+from backends.spec import AdmissionSpec
 from gateway.config import (
     ADMIN_KEYS_ENV,
     API_KEYS_ENV,
     TIER_KEY_ENV,
     GatewayConfig,
+    MeasurementConfig,
     TierEndpoint,
 )
 from model_optimizer.kubernetes.objects import (
@@ -64,6 +66,9 @@ def gateway_config(
     launches: list[TierLaunch],
     options: KubeOptions,
     replicas: Mapping[str, int] | None = None,
+    admission: AdmissionSpec | None = None,
+    *,
+    digests: Mapping[str, str] | None = None,
 ) -> GatewayConfig:
     """The gateway ``up`` would run, in the cluster: each tier at its headless Service with its
     real max_model_len, the first tier's variant as tokenizer (all variants share it), Redis, a
@@ -71,8 +76,23 @@ def gateway_config(
 
     A tier of one pod is ``base_url`` (one server: drained and reset as a whole); a tier of
     more (``replicas``, name → pods) is a pool, ``dns:`` its headless Service, whose name the
-    gateway resolves again every ``dns_interval`` to every ready pod."""
+    gateway resolves again every ``dns_interval`` to every ready pod.
+
+    With ``admission`` (the spec's) the gateway measures its tiers itself, as ``up`` does
+    (gateway/control/measurement.py): the in-engine check and the speed calibration of every
+    pod, at start, when a pod appears or comes back, and in quiet windows; ``digests`` (tier ->
+    its variant's digest) make a rendering with new variants measured again at once, even
+    where a rolling update never shows the gateway a tier down."""
     tiers = [_endpoint(t, (replicas or {}).get(t.name, 1)) for t in launches]
+    names = {t.name for t in launches}
+    measures = admission is not None and admission.enabled and admission.reference in names
+    measurement = MeasurementConfig(
+        enabled=measures and len(launches) >= 2,
+        reference=admission.reference if admission is not None else "fp16",
+        floors={str(k): v for k, v in admission.floors.items()} if admission is not None else {},
+        max_tokens=admission.max_tokens if admission is not None else 32,
+        digests=dict(digests or {}),
+    )
     return GatewayConfig(
         model_name=model_name,
         tiers=tiers,
@@ -80,6 +100,7 @@ def gateway_config(
         tokenizer_dir=str(launches[0].model_dir),
         redis_url=redis_url(options),
         rate_limit_per_minute=options.rate_limit_per_minute,
+        measurement=measurement if measurement.enabled else MeasurementConfig(),
     )
 
 

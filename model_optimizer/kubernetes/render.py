@@ -36,7 +36,10 @@ def render(
     variants (the checks ``up`` makes: fractions below 1, a passed variant for the engine)."""
     launches = tier_launches(spec, variants, options)
     replicas: dict[str, int] = {tier.name: tier.replicas for tier in spec.tiers}
-    config = gateway_config(spec.model_name, launches, options, replicas)
+    digests = {name: info.digest for name, info in variants.items() if info.digest}
+    config = gateway_config(
+        spec.model_name, launches, options, replicas, spec.admission, digests=digests
+    )
     namespace: Manifest = {
         "apiVersion": "v1",
         "kind": "Namespace",

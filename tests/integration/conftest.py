@@ -230,19 +230,24 @@ def start_stack(
     extra: tuple[str, ...] = (),
     engine: str = "vllm",
     wait: bool = True,
+    gateway_measures: bool = False,
 ) -> Stack:
     """Start ``model-optimizer up --engine ENGINE`` on free loopback ports and wait until the
     gateway is ready.
 
     The gateway routes by a copy of policies/routing.yaml beside ``log`` (so a test may edit
     it), shares state in the machine's Redis (the engine's own database), accepts
-    ``ADMIN_KEY`` on /admin and gives its tiers ``TIER_KEY``.
+    ``ADMIN_KEY`` on /admin and gives its tiers ``TIER_KEY``. The gateway measures the tiers
+    only when a test asks (``gateway_measures``): ``up``'s measurement at start is enough for
+    the others, and a re-measurement after a test restarts a tier would take minutes of CPU.
     """
     gw_port, base = free_port_run(1), free_port_run(len(tiers))
     policy = log.parent / "routing.yaml"
     policy.write_text((ROOT / "policies" / "routing.yaml").read_text())
     args = ["--port", str(gw_port), "--tier-port", str(base), "--tiers", ",".join(tiers)]
     args += ["--policy", str(policy), "--engine", engine, "--redis-url", ENGINE_REDIS[engine]]
+    if not gateway_measures:  # the gateway's own measurements cost minutes of CPU after a restart
+        args.append("--no-gateway-measurement")
     args += list(extra)
     with log.open("wb") as out:
         process = subprocess.Popen(

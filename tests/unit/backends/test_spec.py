@@ -405,3 +405,9 @@ def test_a_gguf_folder_is_read_with_its_format_and_sampling(tmp_path: Path) -> N
     info = read_variant(folder)
     assert info.format == "gguf" and info.sampling == {"temperature": 0.2, "top_p": 0.9}
     assert read_variant(_variant(tmp_path, "fp16")).format == "safetensors"
+
+
+def test_a_variant_carries_the_digest_of_what_it_was_built_from(tmp_path: Path) -> None:
+    built = _variant(tmp_path, "int8", meta={"input_key": {"digest": "abc123"}})
+    assert read_variant(built).digest == "abc123"
+    assert read_variant(_variant(tmp_path, "fp16")).digest == ""  # an older folder: unknown

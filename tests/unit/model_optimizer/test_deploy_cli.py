@@ -3,9 +3,12 @@ now, bad input is one line and exit 2, and the output folder is written all or n
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from model_optimizer import cli
 from model_optimizer.deploy import DEFAULT_POLICY, DEFAULT_SPEC, render_files
@@ -143,3 +146,18 @@ def test_the_secret_example_holds_placeholders_only_and_is_not_applied() -> None
     assert not write.SECRET_EXAMPLE.endswith((".yaml", ".yml", ".json"))  # kubectl skips it
     assert example.count("REPLACE-ME") == 4
     assert not any("kind: Secret" in text for name, text in files.items() if name.endswith(".yaml"))
+
+
+def test_the_rendered_gateway_measures_its_tiers_and_knows_their_variants(
+    tmp_path: Path,
+) -> None:
+    facts = tmp_path / "variants"
+    shutil.copytree(FACTS, facts)
+    meta = json.loads((facts / "int8" / "metadata.json").read_text())
+    (facts / "int8" / "metadata.json").write_text(
+        json.dumps({**meta, "input_key": {"digest": "d-int8"}})
+    )
+    files = render_files(DEFAULT_SPEC, facts, DEFAULT_POLICY, KubeOptions())
+    configmap = yaml.safe_load(next(t for n, t in files.items() if "gateway-config" in n))
+    gateway = yaml.safe_load(configmap["data"]["gateway.yaml"])
+    assert gateway["measurement"] == {"enabled": True, "digests": {"int8": "d-int8"}}
