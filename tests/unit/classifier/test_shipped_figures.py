@@ -78,4 +78,3 @@ def test_the_docs_quote_the_cascades_held_out_figures() -> None:
             f"{cascade.band / cascade.total:.1%} |"
         )
         assert line.endswith(expected), (line, expected)
-
