@@ -5,9 +5,10 @@ window per (tier, class). When a window holds at least ``min_samples`` compariso
 mean agreement is below the class's floor (``shadow.guard.floors`` in the routing policy),
 the tier is *withheld* from that class: the router skips it there (``TierBoard``), the gateway
 logs one warning and counts it (``gateway_live_guard_trips_total``). A withheld tier comes
-back only when an operator restores it (``POST /admin/tiers/{tier}/restore``), which is meant
-to follow a fresh in-engine check (``model-optimizer check --serving``); its window starts
-empty then.
+back when an operator restores it (``POST /admin/tiers/{tier}/restore``), which is meant
+to follow a fresh in-engine check (``model-optimizer check --serving``), or, with the
+gateway's own measurements on, when the check the leader runs again on a withheld tier passes
+(gateway/control/measurement.py); its window starts empty then.
 
 Escalations feed it too (``escalation.guard`` in the policy; gateway/request/completions/proxy.py):
 each watched stream of a tier adds 1 (it finished) or 0 (it degenerated and was escalated) to a

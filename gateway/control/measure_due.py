@@ -9,11 +9,15 @@ pool: the in-engine admission check (measure/admission_run.py) and the speed cal
   server) since it was measured (``back_at``, seen by every replica's own scrapes: a leader
   that takes over sees no return it did not watch, so it does not measure everything again);
 - ``new variant``: the variant digest it serves changed;
+- ``withheld``: the live guard (gateway/control/live_guard.py) withheld its tier from a class
+  since it was measured (its shadow agreement or its escalations fell below a floor), or its
+  last check did not put it back and ``retry`` seconds have passed: a fresh check, which puts
+  the tier back where it passes (gateway/control/measurement.py);
 - ``schedule``: measured ``interval`` seconds ago or more, and the traffic is quiet.
   A record whose time lies ahead of ``now`` by more than ``CLOCK_SLACK`` (the clock went back)
   is treated as old: it is re-measured at the next quiet window, never trusted for ever.
 
-The first three do not wait for quiet (routes on figures of a pod that is gone are worse than
+The first four do not wait for quiet (routes on figures of a pod that is gone are worse than
 figures taken under some load); the schedule does. An endpoint that is not ready is never due;
 one whose run failed waits ``retry`` seconds before it is due again (``failed_at``).
 
@@ -39,6 +43,7 @@ class Endpoint:
     ready: bool = True
     back_at: float | None = None  # when it last came back to ready after being away
     digest: str = ""  # the variant it serves ("" unknown)
+    withheld_at: float | None = None  # when the live guard withheld its tier from a class
 
 
 @dataclass(frozen=True)
@@ -86,14 +91,14 @@ def due(
         failure = failed.get(key)
         if failure is not None and 0 <= now - failure < schedule.retry:
             continue
-        reason = _reason(e, last.get(key), now, quiet, schedule.interval)
+        reason = _reason(e, last.get(key), now, quiet, schedule)
         if reason is not None:
             out.append(Due(e.tier, e.url, reason))
     return out
 
 
 def _reason(
-    e: Endpoint, record: Measured | None, now: float, quiet: bool, interval: float
+    e: Endpoint, record: Measured | None, now: float, quiet: bool, schedule: Schedule
 ) -> str | None:
     if record is None:
         return "new"
@@ -101,12 +106,16 @@ def _reason(
         return "restarted"
     if e.digest and record.digest != e.digest:
         return "new variant"
+    if e.withheld_at is not None and (
+        e.withheld_at > record.at or now - record.at >= schedule.retry
+    ):
+        return "withheld"
     if not quiet:
         return None
     age = now - record.at
     if age < -CLOCK_SLACK:
         return "schedule (measured in the future: the clock went back)"
-    if age >= interval:
+    if age >= schedule.interval:
         return "schedule"
     return None
 

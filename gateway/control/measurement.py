@@ -22,6 +22,12 @@ tick, every ``measurement.tick_s`` seconds:
    gateway/policy/route_changes.py does. A record that does not parse is logged once; the last
    good figures keep serving.
 
+A tier the live guard withholds from a class (gateway/control/live_guard.py) is measured again
+(``withheld``, measure_due.py) and put back in those classes on every replica whose record
+shows a passing check of it taken after the withholding; one that fails stays withheld (and
+its verdict limits its classes). A replica's guard is its own: the leader re-checks the tiers
+its own guard withholds, the others are put back by the next record that covers them.
+
 ``up`` hands the figures it measured at start (``GatewayConfig.measured``, ``measured_at``):
 they seed the record, so the endpoints they cover are not measured again at start; the leader
 writes the seed to Redis once, as its own.
@@ -87,6 +93,7 @@ class Measurement:
         self._run = run or self._measure
         self._probes: list[AdmissionProbe] | None = None
         self.last: str | None = None  # what the last tick did, for /admin/routes
+        self.withheld_since: dict[str, float] = {}  # tier -> when this replica's guard withheld it
 
     async def run(self) -> None:
         """Tick until cancelled; a failing tick is logged and the loop goes on."""
@@ -117,11 +124,24 @@ class Measurement:
         record = self.parser.parse(await self.value.read())
         if record is None:
             return
-        if record.same_figures(self.applied):
-            self.applied = record
-            return
+        same = record.same_figures(self.applied)
         self.applied = record
-        await apply_record(self.runtime, record)
+        if not same:
+            await apply_record(self.runtime, record)
+        self._restore_rechecked(record)
+
+    def _restore_rechecked(self, record: FiguresRecord) -> None:
+        """Put back in their classes the withheld tiers ``record`` checked afresh and passed."""
+        for tier, since in list(self.withheld_since.items()):
+            checked = [e for e in record.endpoints if e.tier == tier and e.at >= since]
+            if not checked or not all(e.passed for e in checked):
+                continue
+            classes = self.runtime.board.guard.restore(tier)
+            del self.withheld_since[tier]
+            logger.warning(
+                "live guard: tier %s back in %s: a fresh check passed (measured by %s at %s)",
+                tier, ", ".join(classes) or "its classes", record.replica, iso(checked[-1].at),
+            )  # fmt: skip
 
     # ------------------------------------------------------------------ the leader
 
@@ -129,12 +149,17 @@ class Measurement:
         board = self.runtime.board
         out, keep = [], set()
         for tier in board.tiers:
+            if not board.guard.classes_withheld(tier):
+                self.withheld_since.pop(tier, None)  # restored by hand, or never withheld
+            elif tier not in self.withheld_since:
+                self.withheld_since[tier] = self.clock()
+            withheld_at = self.withheld_since.get(tier)
             for url in board.pool(tier):
                 state = board.endpoint_state(tier, url)
                 ready, away = state == TierState.READY, state in _AWAY
                 back_at = self.returns.observe(tier, url, ready, self.clock(), away)
                 digest = self.settings.digests.get(tier, "")
-                out.append(Endpoint(tier, url, ready, back_at, digest))
+                out.append(Endpoint(tier, url, ready, back_at, digest, withheld_at))
                 keep.add((tier, url))
         self.returns.forget_except(keep)
         return out
@@ -191,6 +216,7 @@ class Measurement:
             self.failed_at.pop((key.tier, key.url), None)
         self.applied = record  # this replica routes on it at once (follow() sees it as known)
         await apply_record(self.runtime, record)
+        self._restore_rechecked(record)
         self.runtime.metrics.measurement_runs.labels("ok").inc()
         self.last = f"measured {', '.join(tiers)} at {iso(now)} ({why})"
         logger.info("measured %s in %.0f s", ", ".join(tiers), now - started)

@@ -253,3 +253,31 @@ def test_a_leader_that_loses_its_lock_mid_run_writes_nothing(
     )
     assert measured == [] and text is None and first == "int4"
     assert runtime.metrics.measurement_runs.labels("lost_lock")._value.get() == 1
+
+
+def test_a_tier_the_live_guard_withheld_is_checked_again_and_put_back_when_it_passes(
+    stubs: list[str], tmp_path: Path
+) -> None:
+    failing = RunFigures(
+        INT8_FAST.tiers, INT8_FAST.classes, {**INT8_FAST.verdicts, "int8": (False, "code low")}
+    )
+    runs = Runs(INT8_FAST, failing, INT8_FAST)
+    clock = [NOW]
+
+    async def scenario(ms: list[Measurement], rts: list[Runtime]) -> Any:
+        guard = rts[0].board.guard
+        await ms[0].tick()  # measured at start
+        guard.withheld["int8"] = {"tolerant"}  # as the live guard does when shadow agreement falls
+        clock[0] += 60
+        checked = await ms[0].tick()  # due again at once ("withheld"), but the check fails
+        still = guard.classes_withheld("int8")
+        clock[0] += 301  # past retry_s: checked once more, and it passes
+        again = await ms[0].tick()
+        return checked, still, again, guard.classes_withheld("int8"), await ms[0].tick()
+
+    checked, still, again, after, idle = run_replicas(
+        [config(stubs, tmp_path)], [runs], clock, scenario
+    )
+    assert len(checked) == 1 and still == frozenset({"tolerant"})  # a failed check keeps it out
+    assert len(again) == 1 and after == frozenset()  # a passing check puts it back
+    assert idle == [] and len(runs.targets) == 3  # nothing more to check

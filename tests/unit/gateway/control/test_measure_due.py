@@ -113,3 +113,18 @@ def test_a_reset_is_no_return_the_server_kept_running() -> None:
     assert seen.observe("int8", "u", True, 4.0) is None
     seen.observe("int8", "u", False, 5.0, away=True)  # down: a restart
     assert seen.observe("int8", "u", True, 6.0) == 6.0
+
+
+def test_a_tier_the_live_guard_withheld_since_its_last_check_is_due_even_under_load() -> None:
+    withheld = Endpoint("int8", "http://b:1", withheld_at=NOW - 30)
+    records = last(measured(FP16, NOW - 60), measured(withheld, NOW - 60))
+    assert due([FP16, withheld], records, NOW, quiet=False, schedule=SCHEDULE) == [
+        Due("int8", "http://b:1", "withheld")
+    ]
+    # Checked after it was withheld and still out (its check failed): again after ``retry``.
+    records = last(measured(FP16, NOW - 60), measured(withheld, NOW - 10))
+    assert due([FP16, withheld], records, NOW, quiet=False, schedule=SCHEDULE) == []
+    later = NOW - 10 + SCHEDULE.retry
+    assert due([FP16, withheld], records, later, quiet=False, schedule=SCHEDULE) == [
+        Due("int8", "http://b:1", "withheld")
+    ]
