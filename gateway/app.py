@@ -28,6 +28,7 @@ from backends.tier_state import TierState
 from gateway.admin import admin_routes
 from gateway.auth import AuthMiddleware
 from gateway.config import GatewayConfig
+from gateway.control.live_routes import LiveRoutes
 from gateway.control.measurement import Measurement
 from gateway.control.reset_marks import apply_shared_marks
 from gateway.control.resets import ResetCoordinator
@@ -153,6 +154,7 @@ def create_app(
                     group.start_soon(keep_running, "resets", coordinator.run, metrics)
                     if measurement is not None:
                         group.start_soon(keep_running, "measurement", measurement.run, metrics)
+                    group.start_soon(keep_running, "live_routes", LiveRoutes(runtime).run, metrics)
                     if any(tier.dns for tier in config.tiers):
                         pools = partial(resolve_forever, board, config.dns_interval)
                         group.start_soon(keep_running, "dns", pools, metrics)

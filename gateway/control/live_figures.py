@@ -34,8 +34,9 @@ statistics: ranks ``n/2 -+ 1.96 sqrt(n)/2``, the binomial's normal approximation
 ``MIN_INTERVAL`` samples; below that the median alone. Per endpoint of a tier's pool the TPOT
 is given too when the tier's answers came from more than one endpoint.
 
-These figures are shown beside the calibration's (``/admin/routes``); they do not change
-routing decisions.
+These figures are shown beside the calibration's (``/admin/routes``); with the policy's
+``live_routes`` on, the per-token times also scale the calibration's figures the routes are
+derived from (gateway/control/live_routes.py).
 """
 
 from __future__ import annotations
@@ -215,6 +216,10 @@ class LiveFigures:
             tier: summarise(s for s in list(window) if s.at >= since)
             for tier, window in sorted(self._windows.items())
         }
+
+    def windows(self) -> dict[str, list[Sample]]:
+        """Per tier, a copy of its kept samples (the live routes read them: live_routes.py)."""
+        return {tier: list(window) for tier, window in self._windows.items()}
 
     def describe_window(self) -> dict[str, Any]:
         return {"answers": self.max_answers, "seconds": self.window_seconds}

@@ -37,6 +37,7 @@ not flap a route. Without samples both are the point rule.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -351,3 +352,23 @@ def derive_routes(
         return policy, {}
     new_routes = policy.routes.model_copy(update=routes)
     return policy.model_copy(update={"routes": new_routes}), derived
+
+
+def scaled(figures: TierFigures, factor: float) -> TierFigures:
+    """``figures`` with its per-token time ``factor`` times what the calibration measured (live
+    routes: gateway/policy/live.py)."""
+    if factor == 1.0:
+        return figures
+    return dataclasses.replace(
+        figures,
+        tpot_s=figures.tpot_s * factor,
+        tpots_s=tuple(None if t is None else t * factor for t in figures.tpots_s),
+        throughput_tok_s=figures.throughput_tok_s / factor,
+    )
+
+
+def apply_factors(
+    figures: Mapping[str, TierFigures], factors: Mapping[str, float]
+) -> dict[str, TierFigures]:
+    """Every tier's figures, scaled by its live factor where it has one."""
+    return {name: scaled(f, factors.get(name, 1.0)) for name, f in figures.items()}

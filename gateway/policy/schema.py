@@ -64,6 +64,7 @@ from gateway.policy.classes import ClassesPolicy, NonNegativeFloat, PositiveFloa
 from gateway.policy.classes import check_name as _check_name
 from gateway.policy.escalation import EscalationPolicy, escalation_problems
 from gateway.policy.fields import FieldsPolicy
+from gateway.policy.live import LiveRoutesPolicy
 
 Strategy = Literal["ordered", "most_free_kv"]
 ResetWhen = Literal["window_and_quiet", "window_or_quiet", "window", "quiet"]
@@ -348,6 +349,7 @@ class RoutingPolicy(Section):
     resets: ResetsPolicy = Field(default_factory=ResetsPolicy)
     shadow: ShadowPolicy = Field(default_factory=ShadowPolicy)
     escalation: EscalationPolicy = Field(default_factory=EscalationPolicy)
+    live_routes: LiveRoutesPolicy = Field(default_factory=LiveRoutesPolicy)
 
     @field_validator("tiers")
     @classmethod

@@ -45,7 +45,7 @@ from typing import Any, Literal, Protocol
 from watchfiles import Change, awatch
 
 from common.operator_yaml import read_bytes
-from gateway.policy.derive import DerivedChain, TierFigures, derive_routes
+from gateway.policy.derive import DerivedChain, TierFigures, apply_factors, derive_routes
 from gateway.policy.route_changes import (
     RouteChange,
     RouteHistory,
@@ -105,6 +105,8 @@ class PolicyStore:
         self.path = Path(path)
         self.measured = dict(measured or {})
         self.reference = reference
+        # tier -> its live per-token time over the calibration's (gateway/policy/live.py)
+        self.factors: dict[str, float] = {}
         self.known_tiers = tuple(known_tiers) if known_tiers is not None else None
         self._clock = clock
         self._active: ActivePolicy | None = None
@@ -225,7 +227,8 @@ class PolicyStore:
             # The routes serving now are the previous derivation: an edit re-derives with
             # hysteresis, so new figures (a re-measurement) move a route only significantly.
             previous = self._active.derived if self._active is not None else None
-            policy, derived = derive_routes(policy, self.measured, self.reference, previous)
+            figures = apply_factors(self.measured, self.factors)
+            policy, derived = derive_routes(policy, figures, self.reference, previous)
         except PolicyError:
             raise
         except Exception as exc:  # any other failure is a refused edit too, never a crash
@@ -241,17 +244,31 @@ class PolicyStore:
         derivation as ``previous``: a route moves only on a significant difference. Built in a
         worker thread (the classifier's rules are compiled again), swapped on the loop. False
         (and the routes serving stay) when the derivation fails; logged."""
-        old_measured, old_reference = self.measured, self.reference
-        self.measured, self.reference = dict(measured), reference
+        return await self._rederive(dict(measured), reference, self.factors, why)
+
+    async def relive(self, factors: Mapping[str, float], why: str) -> bool:
+        """Routes derived again on the measured figures scaled by each tier's live factor
+        (gateway/control/live_routes.py), as ``remeasure`` does."""
+        return await self._rederive(self.measured, self.reference, dict(factors), why)
+
+    async def _rederive(
+        self,
+        measured: dict[str, TierFigures],
+        reference: str | None,
+        factors: dict[str, float],
+        why: str,
+    ) -> bool:
+        old = self.measured, self.reference, self.factors
+        self.measured, self.reference, self.factors = measured, reference, factors
         active = self.active
         try:
             new = await asyncio.to_thread(self._build, active.source_bytes, active.digest)
         except PolicyError as exc:
-            self.measured, self.reference = old_measured, old_reference
+            self.measured, self.reference, self.factors = old
             logger.warning("routes not re-derived from %s, still serving the last: %s", why, exc)
             return False
         if self._active is not active:  # the file was reloaded meanwhile: derive on that one
-            return await self.remeasure(measured, reference, why)
+            return await self._rederive(measured, reference, factors, why)
         self._apply(new, cause=why)
         return True
 

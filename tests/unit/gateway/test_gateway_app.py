@@ -15,7 +15,8 @@ from starlette.testclient import TestClient
 
 import gateway.__main__ as gateway_main
 import gateway.app as gateway_app
-from gateway import GatewayConfig, TierEndpoint, create_app
+from gateway.app import create_app
+from gateway.config import GatewayConfig, TierEndpoint
 from gateway.metrics import GatewayMetrics
 from gateway.request.upstream.client import Upstream
 
