@@ -56,6 +56,7 @@ from gateway.control.reset_marks import (
 )
 from gateway.control.reset_records import RECORD, Forced, ForcedQueue, ResetRecord, int_or, number
 from gateway.control.reset_schedule import ResetDecision, TierResetState, choose_reset
+from gateway.control.tier_signals import still_running
 from gateway.control.ttft_drift import TtftDrift
 from gateway.runtime import Runtime
 from gateway.shared.leader import LeaderLock
@@ -226,13 +227,13 @@ class ResetCoordinator:
             return await self._roll(tier, token)
         phases.begin("drain")
         await self._mark(tier, TierState.DRAINING, token)
-        # Other replicas pick the mark up with their next scrape; until then they may still
-        # send the tier a request, which the in-flight count below then waits for.
+        # Other replicas see the mark at their next scrape; the count below waits for the rest.
         await anyio.sleep(self.runtime.config.metrics_interval)
         deadline = time.monotonic() + resets.drain_timeout_seconds
-        while (busy := (await self.runtime.shared.in_flight()).get(tier, 0)) > 0:
+        board, shared = self.runtime.board, self.runtime.shared
+        while (busy := still_running(await shared.in_flight(), tier, board.metrics(tier))) > 0:
             if time.monotonic() > deadline:
-                return "gave_up", f"{busy} request(s) still running after the drain timeout"
+                return "gave_up", f"{busy:g} request(s) still running after the drain timeout"
             await anyio.sleep(0.2)
         phases.begin("reset")
         await self._mark(tier, TierState.RESETTING, token)

@@ -21,6 +21,7 @@ Definitions (what ``/metrics`` exports as ``gateway_tier_*``, see gateway/metric
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from backends.metrics import KV_CACHE_USAGE, PREEMPTIONS, RUNNING, TierMetrics
@@ -99,3 +100,14 @@ class PeakMemory:
     def peak(self, tier: str) -> int | None:
         found = self._peaks.get(tier)
         return found.rss_bytes if found is not None else None
+
+
+def still_running(in_flight: Mapping[str, int], tier: str, metrics: TierMetrics | None) -> float:
+    """Requests still on a tier a reset drains: the larger of the replicas' shared in-flight
+    count and the tier's own running count at its last scrape (vLLM's num_requests_running,
+    llama.cpp's requests_processing). Either alone can miss one: while Redis is away (the
+    process stalled past its op timeout, say) the shared count is one replica's alone, and a
+    scrape is up to one interval old. Seen: a drain that read 0 during such a stall reset a
+    tier still answering another replica's request, which vLLM then refused."""
+    running = metrics.requests_running if metrics is not None else 0.0
+    return max(float(in_flight.get(tier, 0)), running)

@@ -120,7 +120,7 @@ def replicas(stack: Stack, tmp_path: Path) -> Iterator[list[tuple[str, subproces
 
 
 def test_one_replica_leads_and_a_dead_leader_lets_the_tier_go(
-    replicas: list[tuple[str, subprocess.Popen[bytes]]],
+    replicas: list[tuple[str, subprocess.Popen[bytes]]], tmp_path: Path
 ) -> None:
     (first, _), (second, _) = replicas
     long_body = {
@@ -140,9 +140,9 @@ def test_one_replica_leads_and_a_dead_leader_lets_the_tier_go(
         try:
             wait_until(lambda: _tiers(first)["int4"]["state"] == "draining")
             wait_until(lambda: _tiers(second)["int4"]["state"] == "draining")
-        except AssertionError:  # say what the replicas decided, and what int4 did
+        except AssertionError:  # say what the replicas decided, what int4 did, what they logged
             views = [(_resets(url)["last_decision"], _tiers(url)["int4"]) for url, _ in replicas]
-            pytest.fail(f"int4 never showed draining on both replicas: {views}")
+            pytest.fail(f"int4 never showed draining on both replicas: {views}; {_logs(tmp_path)}")
         # Exactly one replica leads, and both name it. Read while int4 drains; a read can
         # come back empty when a loaded machine delays Redis past the lock's op timeout,
         # so it is asked again for a few seconds, and what was seen is told on failure.
@@ -172,6 +172,15 @@ def test_one_replica_leads_and_a_dead_leader_lets_the_tier_go(
         assert record["tier"] == "int4"
         if leader == 1:  # the long request went through the survivor: it must complete
             assert busy.result(timeout=120).status_code == 200
+
+
+def _logs(folder: Path) -> str:
+    """The last lines each replica logged (gateway_processes keeps them in gateway<i>.log)."""
+    tails = []
+    for i in range(2):
+        lines = (folder / f"gateway{i}.log").read_text(errors="replace").splitlines()
+        tails.append(f"replica {i} logged: " + " | ".join(lines[-15:]))
+    return "; ".join(tails)
 
 
 def _wait_for_record(url: str, outcome: str) -> dict[str, Any]:

@@ -163,3 +163,16 @@ def test_gateway_exports_the_signals_of_each_tier(
     )
     # The plain stub has no /metrics: no KV series for it rather than zeros.
     assert ("gateway_tier_kv_usage_ratio", "t1") not in found
+
+
+def test_a_drain_counts_what_the_tier_itself_still_runs() -> None:
+    """The shared count can read 0 while Redis is away (this replica's alone); the tier's own
+    running count from its scrape still holds the other replica's request."""
+    from backends.metrics import TierMetrics
+    from gateway.control.tier_signals import still_running
+
+    running = TierMetrics(requests_running=1.0)
+    assert still_running({}, "int4", running) == 1.0
+    assert still_running({"int4": 2}, "int4", running) == 2.0
+    assert still_running({"int8": 1}, "int4", None) == 0.0
+    assert still_running({"int4": 0}, "int4", TierMetrics()) == 0.0
