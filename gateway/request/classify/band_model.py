@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.band_features import band_buckets
-from gateway.request.classify.prompt_model import ModelError, sigmoid
+from gateway.request.classify.prompt_model import read_weights, sigmoid
 
 FORMAT = "model-optimizer/band-model"
 FORMAT_VERSION = 1
@@ -37,17 +37,7 @@ class BandModel:
     @classmethod
     def load(cls, path: str | Path) -> BandModel:
         """Read a weights file; ``ModelError`` (one line naming it) on any problem."""
-        path = Path(path)
-        try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            raise ModelError(
-                f"{path}: cannot read the second-stage weights: {exc.strerror}"
-            ) from None
-        try:
-            return cls.parse(raw)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ModelError(f"{path}: not a usable band-model file: {exc}") from None
+        return read_weights(Path(path), "the second-stage weights", "band-model file", cls.parse)
 
     @classmethod
     def parse(cls, raw: bytes) -> BandModel:

@@ -24,14 +24,18 @@ import hashlib
 import heapq
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from common.prompt_features import Features, feature_key, feature_name, features
 
 FORMAT = "model-optimizer/prompt-model"
 FORMAT_VERSION = 2  # 1: the norm is a square root; 2: the file names its ``norm_power``
+
+
+T = TypeVar("T")
 
 
 class ModelError(Exception):
@@ -132,6 +136,19 @@ class TextScore:
         ]
 
 
+def read_weights(path: Path, what: str, kind: str, parse: Callable[[bytes], T]) -> T:
+    """``parse`` of the file's bytes, for both stages' weights files (band_model.py too): a
+    file that cannot be read or parsed is a ``ModelError``, one line naming it."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ModelError(f"{path}: cannot read {what}: {exc.strerror}") from None
+    try:
+        return parse(raw)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ModelError(f"{path}: not a usable {kind}: {exc}") from None
+
+
 @dataclass(frozen=True)
 class PromptModel:
     """A loaded weights file (see the module docstring)."""
@@ -148,15 +165,7 @@ class PromptModel:
     @classmethod
     def load(cls, path: str | Path) -> PromptModel:
         """Read a weights file; ``ModelError`` (one line naming it) on any problem."""
-        path = Path(path)
-        try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            raise ModelError(f"{path}: cannot read the model weights: {exc.strerror}") from None
-        try:
-            return cls.parse(raw)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ModelError(f"{path}: not a usable prompt-model file: {exc}") from None
+        return read_weights(Path(path), "the model weights", "prompt-model file", cls.parse)
 
     @classmethod
     def parse(cls, raw: bytes) -> PromptModel:
