@@ -153,6 +153,9 @@ class MeasuredTier(BaseModel):
     # Served emulated (the reference's arithmetic on dequantized weights): never routed ahead
     # of the reference (gateway/policy/derive.py).
     emulated: bool = False
+    # Requests at once when throughput_tok_s was measured (4: files from before, which all
+    # measured at 4); the live routes read a tier's per-token time under load from it.
+    concurrency: int = Field(default=4, gt=0)
 
 
 class MeasurementConfig(BaseModel):

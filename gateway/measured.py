@@ -70,6 +70,7 @@ def tier_figures(
             tuple(m.ttfts_s),
             tuple(m.tpots_s),
             m.emulated,
+            m.concurrency,
         )
     return out
 

@@ -98,6 +98,7 @@ class Admission:
                 "throughput_tok_s": speed.throughput_tok_s,
                 "ttfts_s": list(speed.ttfts_s),
                 "tpots_s": list(speed.tpots_s),
+                "concurrency": speed.concurrency,
             }
         return out
 

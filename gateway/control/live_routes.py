@@ -2,23 +2,28 @@
 the calibration's (the policy's ``live_routes``; what and why: gateway/policy/live.py).
 
 ``live_factor`` is pure: a tier's streamed answers (gateway/control/live_figures.py ``Sample``)
-and its calibration's per-token time alone → the factor its figures are scaled by, or ``None``
-(too few answers: its calibration stands). ``LiveRoutes`` is the loop every replica runs
+and its calibration's per-token time at each load (``LoadCurve``: alone, and at the
+calibration's concurrency) → the factor its figures are scaled by, or ``None`` (too few
+answers: its calibration stands). ``LiveRoutes`` is the loop every replica runs
 (live figures are each replica's own): every ``interval_s`` seconds it computes the factors
 and, when they differ from those the routes were derived on, hands them to the policy store
 (``PolicyStore.relive``), which derives the routes again with hysteresis; a route that moves
-is logged and counted as any route change (its reason names the factors).
+is logged and counted as any route change (its reason names the factors). A tier the routes
+moved away from is probed before the factors are computed, when due
+(gateway/control/live_probes.py): that is how its recovery shows.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import anyio
 
-from gateway.control.live_figures import Sample, median_stat
+from backends.tier_state import TierState
+from gateway.control.live_figures import Answered, Sample, median_stat
+from gateway.control.live_probes import probe_tier, probes_due
 from gateway.policy.derive import TierFigures
 from gateway.policy.live import LiveRoutesPolicy
 from gateway.policy.store import PolicyStore
@@ -43,25 +48,53 @@ class LiveFactor:
         )
 
 
+@dataclass(frozen=True)
+class LoadCurve:
+    """A tier's calibrated per-token time at a load: ``alone`` (one request) and, from the
+    calibration's throughput at ``concurrency`` requests at once, ``concurrency / throughput``
+    per request there; straight between, and growing with the load past it (saturated)."""
+
+    alone: float
+    loaded: float | None = None  # per-token time of one of ``concurrency`` requests at once
+    concurrency: int = 1
+
+    @classmethod
+    def of(cls, figures: TierFigures) -> LoadCurve:
+        if figures.concurrency <= 1 or figures.throughput_tok_s <= 0:
+            return cls(figures.tpot_s)
+        loaded = max(figures.concurrency / figures.throughput_tok_s, figures.tpot_s)
+        return cls(figures.tpot_s, loaded, figures.concurrency)
+
+    def at(self, load: int) -> float:
+        if self.loaded is None or load <= 1:
+            return self.alone
+        if load <= self.concurrency:
+            share = (load - 1) / (self.concurrency - 1)
+            return self.alone + (self.loaded - self.alone) * share
+        return self.loaded * load / self.concurrency
+
+
 def live_factor(
-    samples: Iterable[Sample], calibration_tpot: float, now: float, settings: LiveRoutesPolicy
+    samples: Iterable[Sample], curve: LoadCurve, now: float, settings: LiveRoutesPolicy
 ) -> LiveFactor | None:
     """The factor for one tier (gateway/policy/live.py): its streamed answers of the last
-    ``recent_s`` seconds, or else of the last ``hold_s``, at least ``min_samples`` of them."""
-    streamed = [(s.at, s.tpot) for s in samples if s.tpot is not None and s.tpot > 0]
-    if calibration_tpot <= 0:
+    ``recent_s`` seconds, or else of the last ``hold_s``, at least ``min_samples`` of them,
+    each over the calibration's per-token time at the load it was sent under (so a tier that
+    is only busy, as busy as calibrated, keeps factor 1)."""
+    if curve.alone <= 0:
         return None
+    streamed = [(s.at, s.tpot, s.load) for s in samples if s.tpot is not None and s.tpot > 0]
     for since, recent in ((settings.recent_s, True), (settings.hold_s, False)):
-        values = [tpot for at, tpot in streamed if now - at <= since]
-        if len(values) < settings.min_samples:
+        kept = [(tpot, load) for at, tpot, load in streamed if now - at <= since]
+        if len(kept) < settings.min_samples:
             continue
-        stat = median_stat(values)
-        if stat is None:
+        ratios = median_stat([tpot / curve.at(load) for tpot, load in kept])
+        raw = median_stat([tpot for tpot, _ in kept])
+        if ratios is None or raw is None:
             continue
-        low, high = stat.low, stat.high
-        if low is not None and high is not None and low <= calibration_tpot <= high:
-            return LiveFactor(1.0, stat.median, stat.n, recent)  # no real difference
-        return LiveFactor(stat.median / calibration_tpot, stat.median, stat.n, recent)
+        if ratios.low is not None and ratios.high is not None and ratios.low <= 1 <= ratios.high:
+            return LiveFactor(1.0, raw.median, raw.n, recent)  # no real difference
+        return LiveFactor(ratios.median, raw.median, raw.n, recent)
     return None
 
 
@@ -74,7 +107,7 @@ def live_factors(
     """Every measured tier's factor where its traffic gives one."""
     out = {}
     for name, measured in figures.items():
-        found = live_factor(windows.get(name, ()), measured.tpot_s, now, settings)
+        found = live_factor(windows.get(name, ()), LoadCurve.of(measured), now, settings)
         if found is not None:
             out[name] = found
     return out
@@ -88,12 +121,23 @@ def rounded(factors: Mapping[str, LiveFactor]) -> dict[str, float]:
     }
 
 
-class LiveRoutes:
-    """The loop (see the module docstring); ``clock`` is the live figures' (monotonic)."""
+Prober = Callable[[str, LiveRoutesPolicy], Awaitable[list[Answered]]]
 
-    def __init__(self, runtime: Runtime, clock: Callable[[], float] | None = None) -> None:
+
+class LiveRoutes:
+    """The loop (see the module docstring); ``clock`` is the live figures' (monotonic);
+    ``prober`` sends a tier its probes (default: ``probe_tier`` on its first ready endpoint)."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        clock: Callable[[], float] | None = None,
+        prober: Prober | None = None,
+    ) -> None:
         self.runtime = runtime
         self.clock = clock or runtime.live.clock
+        self.prober = prober or self._probe
+        self.last_probe: dict[str, float] = {}
 
     async def run(self) -> None:
         while True:
@@ -115,6 +159,12 @@ class LiveRoutes:
                 return await store.relive({}, "live routes turned off")
             return False
         found = live_factors(self.runtime.live.windows(), store.measured, self.clock(), settings)
+        due = probes_due(store.factors, found, self.last_probe, self.clock(), settings)
+        if due:
+            await self._send_probes(due, settings)
+            found = live_factors(
+                self.runtime.live.windows(), store.measured, self.clock(), settings
+            )
         factors = rounded(found)
         if factors == store.factors:
             return False
@@ -123,3 +173,22 @@ class LiveRoutes:
         )
         logger.info("live routes: deriving again (%s)", why)
         return await store.relive(factors, why)
+
+    async def _send_probes(self, tiers: list[str], settings: LiveRoutesPolicy) -> None:
+        for tier in tiers:
+            self.last_probe[tier] = self.clock()
+            try:
+                answers = await self.prober(tier, settings)
+            except Exception as exc:  # a tier that does not answer: nothing learnt
+                logger.warning("live routes: probing %s failed: %s", tier, exc)
+                continue
+            for answer in answers:
+                self.runtime.live.observe(answer)
+            logger.info("live routes: probed %s (%d answers)", tier, len(answers))
+
+    async def _probe(self, tier: str, settings: LiveRoutesPolicy) -> list[Answered]:
+        board = self.runtime.board
+        ready = [u for u in board.pool(tier) if board.endpoint_state(tier, u) == TierState.READY]
+        if not ready:
+            return []
+        return await probe_tier(tier, ready[0], board.tiers[tier].api_key, settings)

@@ -140,6 +140,7 @@ def run_figures(
             ttfts_s=list(speed.ttfts_s),
             tpots_s=list(speed.tpots_s),
             emulated=name in emulated,
+            concurrency=speed.concurrency,
         )
         classes[name] = list(verdict.admitted_classes()) if verdict is not None else None
         verdicts[name] = (verdict.passed, verdict.summary()) if verdict else (True, "reference")

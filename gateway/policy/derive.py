@@ -63,6 +63,7 @@ class TierFigures:
     tpots_s: tuple[float | None, ...] = ()
     # Served emulated: the reference's arithmetic on dequantized weights, never cheaper.
     emulated: bool = False
+    concurrency: int = 4  # requests at once when throughput_tok_s was measured
 
     def quality_for(self, cls: str) -> float | None:
         """The lowest agreement over the class's categories (``None``: not measured)."""

@@ -3,10 +3,11 @@
 
 With ``live_routes.enabled``, each replica compares, every ``interval_s`` seconds, each tier's
 per-token time in its real streamed answers (gateway/control/live_figures.py) with the
-calibration's figure for the tier alone, and derives the routes again on the calibration's
-figures scaled by that ratio (gateway/control/live_routes.py): a tier that slows down under
-the load it carries now (or because something else took its CPU) costs what it costs now, with
-no calibration run. A tier with no recent traffic is idle: its calibration alone is its cost
+calibration's figure for the load each was sent under (alone; at the calibration's concurrency,
+``concurrency / throughput``; straight between: gateway/control/live_routes.py ``LoadCurve``),
+and derives the routes again on the calibration's figures scaled by that ratio: a tier slower
+than calibrated at the load it carries now (something else took its CPU, a throttled or
+failing host) costs what it costs now, with no calibration run. A tier with no recent traffic is idle: its calibration alone is its cost
 now.
 
 - **recent**: the answers of the last ``recent_s`` seconds, at least ``min_samples`` of them;
@@ -14,14 +15,19 @@ now.
   factor of its answers within ``hold_s`` (a tier the routes moved away from gets no traffic:
   without the hold it would come back at once, slow or not); past ``hold_s`` it is back on its
   calibration, and traffic tells again.
-- **only a real difference**: the factor is the live median over the calibration's, applied
-  only when the calibration lies outside the live median's 95 % interval (order statistics);
-  otherwise 1. The derivation then needs its own confidence and hysteresis as for any figures
+- **only a real difference**: the factor is the median of each answer's per-token time over
+  the calibration's at its load, applied only when 1 lies outside that median's 95 % interval
+  (order statistics); otherwise 1. A tier only as busy as calibrated keeps 1: the load is the
+  replica's own requests in flight on the tier (with several replicas, a part of it). The derivation then needs its own confidence and hysteresis as for any figures
   (gateway/policy/derive.py), so a route moves only on a significant difference.
 - **what is scaled**: the per-token time (the calibration's per-prompt samples, so pairs stay
   pairs: gateway/policy/derive.py ``apply_factors``) and the throughput; TTFT stays the
   calibration's (it depends on the prompt, which live traffic does not hold constant). Quality
   figures and the emulated rule are untouched.
+- **recovery**: a tier the routes moved away from gets no traffic, so with ``probe_s`` set it
+  is probed instead (gateway/control/live_probes.py): ``min_samples`` short requests of
+  ``probe_tokens`` tokens at most every ``probe_s`` seconds while its factor is above 1 and it
+  has no recent answers; as calibrated again, it is back within one look.
 """
 
 from __future__ import annotations
@@ -39,3 +45,5 @@ class LiveRoutesPolicy(Section):
     recent_s: float = Field(default=120.0, gt=0)  # the answers that tell the load now
     hold_s: float = Field(default=900.0, gt=0)  # how long a factor outlives the tier's traffic
     min_samples: int = Field(default=8, ge=4)  # streamed answers a factor needs
+    probe_s: float | None = Field(default=60.0, gt=0)  # between probes of a slowed tier
+    probe_tokens: int = Field(default=16, ge=2, le=256)  # tokens a probe asks for

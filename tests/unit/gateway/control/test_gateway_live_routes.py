@@ -5,10 +5,13 @@ back once it is not."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from gateway.control.live_figures import Sample
-from gateway.control.live_routes import LiveRoutes, live_factor, rounded
+from gateway.control.live_figures import Answered, Sample, sample_of
+from gateway.control.live_probes import probe_tier, probes_due
+from gateway.control.live_routes import LiveFactor, LiveRoutes, LoadCurve, live_factor, rounded
 from gateway.policy.derive import TierFigures, apply_factors
 from gateway.policy.live import LiveRoutesPolicy
 from gateway.policy.store import PolicyStore
@@ -18,14 +21,14 @@ ON = LiveRoutesPolicy(enabled=True, recent_s=120, hold_s=900, min_samples=8)
 LOAD = [1.00, 1.12, 0.95, 1.30, 1.02, 0.98, 1.45, 1.05]
 
 
-def stream(at: float, tpot: float) -> Sample:
-    return Sample(at, "http://a", 1, 50, 0.05, tpot, None)
+def stream(at: float, tpot: float, load: int = 1) -> Sample:
+    return Sample(at, "http://a", load, 50, 0.05, tpot, None)
 
 
-def spread(tpot: float, n: int, at: float) -> list[Sample]:
+def spread(tpot: float, n: int, at: float, load: int = 1) -> list[Sample]:
     """``n`` answers around ``tpot`` (+-4 %), the last at ``at``, one a second before."""
     wobble = [1.0, 1.04, 0.96, 1.02, 0.98, 1.03, 0.97, 1.01, 0.99]
-    return [stream(at - i, tpot * wobble[i % len(wobble)]) for i in range(n)]
+    return [stream(at - i, tpot * wobble[i % len(wobble)], load) for i in range(n)]
 
 
 def tier(name: str, quality: float, tpot: float) -> TierFigures:
@@ -36,21 +39,43 @@ def tier(name: str, quality: float, tpot: float) -> TierFigures:
 
 
 def test_a_tier_as_fast_as_calibrated_keeps_factor_one() -> None:
-    found = live_factor(spread(0.020, 12, 1000.0), 0.020, 1000.0, ON)
+    found = live_factor(spread(0.020, 12, 1000.0), LoadCurve(0.020), 1000.0, ON)
     assert found is not None and found.factor == 1.0 and found.recent and found.n == 12
 
 
 def test_a_tier_twice_as_slow_as_calibrated_gets_its_ratio() -> None:
-    found = live_factor(spread(0.040, 12, 1000.0), 0.020, 1000.0, ON)
+    found = live_factor(spread(0.040, 12, 1000.0), LoadCurve(0.020), 1000.0, ON)
     assert found is not None and abs(found.factor - 2.0) < 0.05
 
 
+def test_the_load_curve_runs_from_alone_to_the_calibrations_concurrency_and_on() -> None:
+    # Alone 20 ms/token; 4 at once gave 100 tokens/s in all: 40 ms/token each.
+    figures = TierFigures("int4", {}, 0.05, 0.020, 100.0, concurrency=4)
+    curve = LoadCurve.of(figures)
+    assert curve.at(1) == 0.020 and abs(curve.at(4) - 0.040) < 1e-12
+    assert abs(curve.at(2) - (0.020 + 0.020 / 3)) < 1e-12
+    assert abs(curve.at(8) - 0.080) < 1e-12  # saturated: twice the requests, twice the time
+    assert LoadCurve.of(TierFigures("x", {}, 0.05, 0.020, 0.0)).at(4) == 0.020  # no throughput
+
+
+def test_a_tier_as_busy_as_calibrated_keeps_factor_one_and_is_judged_at_its_load() -> None:
+    curve = LoadCurve.of(TierFigures("int4", {}, 0.05, 0.020, 100.0, concurrency=4))
+    busy = spread(0.040, 12, 1000.0, load=4)  # 4 at once, as the calibration found them
+    found = live_factor(busy, curve, 1000.0, ON)
+    assert found is not None and found.factor == 1.0
+    # Against the figure alone the same answers would look twice as slow.
+    alone = live_factor(busy, LoadCurve(0.020), 1000.0, ON)
+    assert alone is not None and abs(alone.factor - 2.0) < 0.05
+    slowed = live_factor(spread(0.080, 12, 1000.0, load=4), curve, 1000.0, ON)
+    assert slowed is not None and abs(slowed.factor - 2.0) < 0.05
+
+
 def test_too_few_answers_leave_the_calibration_and_old_ones_are_held_then_dropped() -> None:
-    assert live_factor(spread(0.040, 5, 1000.0), 0.020, 1000.0, ON) is None
+    assert live_factor(spread(0.040, 5, 1000.0), LoadCurve(0.020), 1000.0, ON) is None
     # No answer in the last 120 s, some within 900 s: their factor is held.
-    held = live_factor(spread(0.040, 12, 1000.0), 0.020, 1000.0 + 300, ON)
+    held = live_factor(spread(0.040, 12, 1000.0), LoadCurve(0.020), 1000.0 + 300, ON)
     assert held is not None and not held.recent and held.factor > 1.9
-    assert live_factor(spread(0.040, 12, 1000.0), 0.020, 1000.0 + 1000, ON) is None
+    assert live_factor(spread(0.040, 12, 1000.0), LoadCurve(0.020), 1000.0 + 1000, ON) is None
 
 
 def test_scaled_figures_keep_their_pairs_and_quality() -> None:
@@ -75,12 +100,21 @@ live_routes: {enabled: true, interval_s: 1, recent_s: 120, hold_s: 900, min_samp
 class Live:
     """The live figures' windows, as the runtime holds them."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = lambda: 0.0) -> None:
         self.samples: dict[str, list[Sample]] = {}
-        self.clock = lambda: 0.0
+        self.clock = clock
 
     def windows(self) -> dict[str, list[Sample]]:
         return self.samples
+
+    def observe(self, answer: Answered) -> None:
+        sample = sample_of(answer, self.clock())
+        if sample is not None:
+            self.samples.setdefault(answer.tier, []).append(sample)
+
+
+async def no_probe(tier: str, settings: LiveRoutesPolicy) -> list[Answered]:
+    return []
 
 
 class FakeRuntime:
@@ -97,7 +131,7 @@ def test_the_routes_move_away_from_a_tier_made_slow_and_come_back_when_it_recove
     store = PolicyStore(path, measured=figures, reference="fp16")
     store.load()
     live, now = Live(), [1000.0]
-    loop = LiveRoutes(FakeRuntime(store, live), clock=lambda: now[0])  # type: ignore[arg-type]
+    loop = LiveRoutes(FakeRuntime(store, live), clock=lambda: now[0], prober=no_probe)  # type: ignore[arg-type]
 
     def first() -> str:
         return store.active.policy.routes.tolerant.tiers[0]
@@ -126,7 +160,94 @@ def test_the_routes_move_away_from_a_tier_made_slow_and_come_back_when_it_recove
 
 def test_factors_are_rounded_and_a_factor_of_one_is_left_out() -> None:
     found = {
-        "int4": live_factor(spread(0.040, 12, 0.0), 0.020, 0.0, ON),
-        "int8": live_factor(spread(0.020, 12, 0.0), 0.020, 0.0, ON),
+        "int4": live_factor(spread(0.040, 12, 0.0), LoadCurve(0.020), 0.0, ON),
+        "int8": live_factor(spread(0.020, 12, 0.0), LoadCurve(0.020), 0.0, ON),
     }
     assert rounded({k: v for k, v in found.items() if v is not None}).keys() == {"int4"}
+
+
+def held(factor: float = 2.0) -> LiveFactor:
+    return LiveFactor(factor, 0.04, 12, recent=False)
+
+
+def test_a_slowed_tier_without_recent_answers_is_probed_at_most_every_probe_s() -> None:
+    settings = ON.model_copy(update={"probe_s": 60.0})
+    assert probes_due({"int4": 2.0}, {"int4": held()}, {}, 1000.0, settings) == ["int4"]
+    assert probes_due({"int4": 2.0}, {}, {}, 1000.0, settings) == ["int4"]  # past its hold
+    assert probes_due({"int4": 2.0}, {"int4": held()}, {"int4": 950.0}, 1000.0, settings) == []
+    assert probes_due({"int4": 2.0}, {"int4": held()}, {"int4": 940.0}, 1000.0, settings) == [
+        "int4"
+    ]
+    recent = LiveFactor(2.0, 0.04, 12, recent=True)  # traffic still tells
+    assert probes_due({"int4": 2.0}, {"int4": recent}, {}, 1000.0, settings) == []
+    assert probes_due({"int4": 0.5}, {"int4": held(0.5)}, {}, 1000.0, settings) == []  # faster
+    off = settings.model_copy(update={"probe_s": None})
+    assert probes_due({"int4": 2.0}, {"int4": held()}, {}, 1000.0, off) == []
+
+
+def probe_answers(tpot: float, n: int = 8) -> list[Answered]:
+    """What ``probe_tier`` hands back: ``n`` answers of 16 tokens at ``tpot`` per token."""
+    return [Answered("int4", 200, 0.05 + 15 * tpot, 0.05, 0.0, 12, 16, 1) for _ in range(n)]
+
+
+def test_probes_bring_a_recovered_tier_back_and_keep_a_slow_one_away(tmp_path: Path) -> None:
+    path = tmp_path / "routing.yaml"
+    path.write_text(POLICY.replace("min_samples: 8}", "min_samples: 8, probe_s: 60}"))
+    figures = {"fp16": tier("fp16", 1.0, 0.030), "int4": tier("int4", 0.8, 0.015)}
+    store = PolicyStore(path, measured=figures, reference="fp16")
+    store.load()
+    now = [1000.0]
+    live = Live(clock=lambda: now[0])
+    speed = [0.040]  # what the tier does now, per token
+    probed: list[float] = []
+
+    async def prober(name: str, settings: LiveRoutesPolicy) -> list[Answered]:
+        assert name == "int4" and settings.probe_tokens == 16
+        probed.append(now[0])
+        return probe_answers(speed[0])
+
+    loop = LiveRoutes(FakeRuntime(store, live), clock=lambda: now[0], prober=prober)  # type: ignore[arg-type]
+
+    def first() -> str:
+        return store.active.policy.routes.tolerant.tiers[0]
+
+    async def main() -> list[tuple[bool, str]]:
+        live.samples["int4"] = spread(0.040, 12, now[0])  # throttled: traffic tells
+        seen = [(await loop.tick(), first())]
+        now[0] += 150  # no traffic reaches int4 any more: probed, still slow
+        seen.append((await loop.tick(), first()))
+        now[0] += 30  # probed 30 s ago: not again yet
+        seen.append((await loop.tick(), first()))
+        speed[0] = 0.015  # recovered
+        now[0] += 150  # the slow probes are no longer recent: probed again, as calibrated
+        seen.append((await loop.tick(), first()))
+        return seen
+
+    seen = asyncio.run(main())
+    assert seen == [(True, "fp16"), (False, "fp16"), (False, "fp16"), (True, "int4")]
+    assert probed == [1150.0, 1330.0]
+    assert not store.factors
+
+
+def test_a_probe_is_the_calibrations_request_alone(make_stub: Callable[[], Any]) -> None:
+    stub = make_stub()
+    settings = ON.model_copy(update={"probe_tokens": 16, "min_samples": 4})
+    answers = asyncio.run(probe_tier("int4", stub.url, "tier-secret", settings))
+    assert len(answers) == 4 and len(stub.requests) == 4
+    seen = stub.last_request
+    body = seen["body"]
+    assert seen["path"] == "/v1/completions"
+    assert seen["headers"]["authorization"] == "Bearer tier-secret"
+    assert body["max_tokens"] == 16 and body["ignore_eos"] is True and body["stream"] is True
+    assert body["temperature"] == 0.0
+    for answer in answers:
+        sample = sample_of(answer, 0.0)
+        assert answer.tier == "int4" and answer.load == 1 and answer.endpoint == stub.url
+        assert sample is not None and sample.tpot is not None and sample.tpot > 0
+
+
+def test_a_probe_of_a_tier_that_refuses_gives_nothing(make_stub: Callable[[], Any]) -> None:
+    stub = make_stub()
+    stub.mode = "unavailable"
+    answers = asyncio.run(probe_tier("int4", stub.url, None, ON))
+    assert answers == [] and len(stub.requests) == ON.min_samples
