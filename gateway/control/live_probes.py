@@ -4,11 +4,13 @@ A tier whose live figures made it slower than calibrated (gateway/control/live_r
 no traffic once the routes move away from it, so nothing would tell that it is fast again but
 the end of its hold (``hold_s``, 15 minutes by default). With ``live_routes.probe_s`` set, the
 live routes' loop sends such a tier — one with a factor above 1 in the routes now, and no
-answers in the last ``recent_s`` — ``min_samples`` short streamed requests, one at a time, at
-most once every ``probe_s`` seconds. Their answers go into the tier's live figures as any
-answer does (``LiveFigures.observe``), so the next look compares them with the calibration: as
-calibrated, the factor goes back to 1 and the routes are derived again; still slow, the tier
-stays where it is until the next probe.
+answer in the last ``probe_s`` seconds — ``min_samples`` short streamed requests, one at a
+time, at most once every ``probe_s`` seconds. Their answers go into the tier's live figures as
+any answer does (``LiveFigures.observe``), and the tier's factor is then judged on the answers
+from the probe on (the older ones tell of the tier before it was probed): as calibrated, the
+factor goes back to 1 and the routes are derived again in the same look; still slow, the tier
+stays where it is until the next probe. A probe that got fewer than ``min_samples`` answers
+changes nothing (the tier keeps its held factor).
 
 A probe is what the calibration asks (measure/loadgen.py: ``/v1/completions``, greedy,
 ``ignore_eos``, exactly ``probe_tokens`` tokens), alone on that tier: its per-token time is the
@@ -23,7 +25,6 @@ as the measurements' runs: gateway/control/measurement_run.py).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
 
 import httpx
 
@@ -35,30 +36,25 @@ from measure.loadgen import Prompt, one_request
 PROBE_PROMPT = Prompt("Count from one to one hundred, in words, separated by commas:", 0)
 
 
-class HasRecent(Protocol):
-    @property
-    def recent(self) -> bool: ...  # the factor comes from answers of the last recent_s
-
-
 def probes_due(
     applied: Mapping[str, float],
-    found: Mapping[str, HasRecent],
+    latest: Mapping[str, float],
     last_probe: Mapping[str, float],
     now: float,
     settings: LiveRoutesPolicy,
 ) -> list[str]:
-    """The tiers to probe now: slowed in the routes (factor > 1), without recent answers, not
-    probed in the last ``probe_s`` (``probe_s`` None: none)."""
+    """The tiers to probe now: slowed in the routes (factor > 1), with no answer (``latest``:
+    the time of each tier's newest) and no probe in the last ``probe_s`` (None: none)."""
     if settings.probe_s is None:
         return []
-    due = []
-    for tier, factor in sorted(applied.items()):
-        live = found.get(tier)
-        if factor <= 1.0 or (live is not None and live.recent):
-            continue
-        if now - last_probe.get(tier, float("-inf")) >= settings.probe_s:
-            due.append(tier)
-    return due
+    never = float("-inf")
+    return [
+        tier
+        for tier, factor in sorted(applied.items())
+        if factor > 1.0
+        and now - latest.get(tier, never) >= settings.probe_s
+        and now - last_probe.get(tier, never) >= settings.probe_s
+    ]
 
 
 async def probe_tier(

@@ -103,21 +103,28 @@ def live_factors(
     figures: Mapping[str, TierFigures],
     now: float,
     settings: LiveRoutesPolicy,
+    since: Mapping[str, float] | None = None,
 ) -> dict[str, LiveFactor]:
-    """Every measured tier's factor where its traffic gives one."""
+    """Every measured tier's factor where its traffic gives one (a tier in ``since``: from its
+    answers at or after that time on, its last good probe)."""
     out = {}
     for name, measured in figures.items():
-        found = live_factor(windows.get(name, ()), LoadCurve.of(measured), now, settings)
+        start = (since or {}).get(name, float("-inf"))
+        samples = [s for s in windows.get(name, ()) if s.at >= start]
+        found = live_factor(samples, LoadCurve.of(measured), now, settings)
         if found is not None:
             out[name] = found
     return out
 
 
-def rounded(factors: Mapping[str, LiveFactor]) -> dict[str, float]:
-    """The factors as the store takes them: two decimals, the ones that change nothing left out
-    (so a wobble in the third decimal does not derive the routes again)."""
+def rounded(factors: Mapping[str, LiveFactor], tolerance: float = 0.0) -> dict[str, float]:
+    """The factors as the store takes them: two decimals, those within ``tolerance`` of 1 left
+    out (a few hundred answers make an interval narrow enough that a 3 % wobble is
+    'significant': it would derive the routes again at every look, moving nothing)."""
     return {
-        name: round(f.factor, 2) for name, f in sorted(factors.items()) if round(f.factor, 2) != 1.0
+        name: round(f.factor, 2)
+        for name, f in sorted(factors.items())
+        if abs(round(f.factor, 2) - 1.0) > tolerance
     }
 
 
@@ -137,7 +144,8 @@ class LiveRoutes:
         self.runtime = runtime
         self.clock = clock or runtime.live.clock
         self.prober = prober or self._probe
-        self.last_probe: dict[str, float] = {}
+        self.last_probe: dict[str, float] = {}  # when each tier was last probed
+        self.probed: dict[str, float] = {}  # when each tier's last good probe began
 
     async def run(self) -> None:
         while True:
@@ -158,14 +166,15 @@ class LiveRoutes:
             if store.factors:  # turned off: back to the calibration's figures
                 return await store.relive({}, "live routes turned off")
             return False
-        found = live_factors(self.runtime.live.windows(), store.measured, self.clock(), settings)
-        due = probes_due(store.factors, found, self.last_probe, self.clock(), settings)
+        windows = self.runtime.live.windows()
+        latest = {tier: max(s.at for s in kept) for tier, kept in windows.items() if kept}
+        due = probes_due(store.factors, latest, self.last_probe, self.clock(), settings)
         if due:
             await self._send_probes(due, settings)
-            found = live_factors(
-                self.runtime.live.windows(), store.measured, self.clock(), settings
-            )
-        factors = rounded(found)
+            windows = self.runtime.live.windows()
+        now = self.clock()
+        found = live_factors(windows, store.measured, now, settings, self.probed)
+        factors = rounded(found, settings.tolerance)
         if factors == store.factors:
             return False
         why = "live figures: " + (
@@ -176,7 +185,7 @@ class LiveRoutes:
 
     async def _send_probes(self, tiers: list[str], settings: LiveRoutesPolicy) -> None:
         for tier in tiers:
-            self.last_probe[tier] = self.clock()
+            began = self.last_probe[tier] = self.clock()
             try:
                 answers = await self.prober(tier, settings)
             except Exception as exc:  # a tier that does not answer: nothing learnt
@@ -184,6 +193,8 @@ class LiveRoutes:
                 continue
             for answer in answers:
                 self.runtime.live.observe(answer)
+            if len(answers) >= settings.min_samples:
+                self.probed[tier] = began
             logger.info("live routes: probed %s (%d answers)", tier, len(answers))
 
     async def _probe(self, tier: str, settings: LiveRoutesPolicy) -> list[Answered]:

@@ -7,8 +7,8 @@ calibration's figure for the load each was sent under (alone; at the calibration
 ``concurrency / throughput``; straight between: gateway/control/live_routes.py ``LoadCurve``),
 and derives the routes again on the calibration's figures scaled by that ratio: a tier slower
 than calibrated at the load it carries now (something else took its CPU, a throttled or
-failing host) costs what it costs now, with no calibration run. A tier with no recent traffic is idle: its calibration alone is its cost
-now.
+failing host) costs what it costs now, with no calibration run. A tier with no recent traffic
+is idle: its calibration alone is its cost now.
 
 - **recent**: the answers of the last ``recent_s`` seconds, at least ``min_samples`` of them;
   their load is the load the tier is under now. A tier that got no recent answers keeps the
@@ -17,9 +17,11 @@ now.
   calibration, and traffic tells again.
 - **only a real difference**: the factor is the median of each answer's per-token time over
   the calibration's at its load, applied only when 1 lies outside that median's 95 % interval
-  (order statistics); otherwise 1. A tier only as busy as calibrated keeps 1: the load is the
-  replica's own requests in flight on the tier (with several replicas, a part of it). The derivation then needs its own confidence and hysteresis as for any figures
-  (gateway/policy/derive.py), so a route moves only on a significant difference.
+  (order statistics), and more than ``tolerance`` (5 %) away from 1; otherwise 1. A tier only
+  as busy as calibrated keeps 1: the load is the replica's own requests in flight on the tier
+  (with several replicas, a part of it). The derivation then needs its own confidence and
+  hysteresis as for any figures (gateway/policy/derive.py), so a route moves only on a
+  significant difference.
 - **what is scaled**: the per-token time (the calibration's per-prompt samples, so pairs stay
   pairs: gateway/policy/derive.py ``apply_factors``) and the throughput; TTFT stays the
   calibration's (it depends on the prompt, which live traffic does not hold constant). Quality
@@ -27,7 +29,8 @@ now.
 - **recovery**: a tier the routes moved away from gets no traffic, so with ``probe_s`` set it
   is probed instead (gateway/control/live_probes.py): ``min_samples`` short requests of
   ``probe_tokens`` tokens at most every ``probe_s`` seconds while its factor is above 1 and it
-  has no recent answers; as calibrated again, it is back within one look.
+  had no answer for ``probe_s``; its factor is then judged on the probe's answers: as
+  calibrated again, it is back in the same look.
 """
 
 from __future__ import annotations
@@ -47,3 +50,4 @@ class LiveRoutesPolicy(Section):
     min_samples: int = Field(default=8, ge=4)  # streamed answers a factor needs
     probe_s: float | None = Field(default=60.0, gt=0)  # between probes of a slowed tier
     probe_tokens: int = Field(default=16, ge=2, le=256)  # tokens a probe asks for
+    tolerance: float = Field(default=0.05, ge=0, lt=1)  # factors this close to 1 count as 1

@@ -166,23 +166,26 @@ def test_factors_are_rounded_and_a_factor_of_one_is_left_out() -> None:
     assert rounded({k: v for k, v in found.items() if v is not None}).keys() == {"int4"}
 
 
-def held(factor: float = 2.0) -> LiveFactor:
-    return LiveFactor(factor, 0.04, 12, recent=False)
-
-
-def test_a_slowed_tier_without_recent_answers_is_probed_at_most_every_probe_s() -> None:
+def test_a_slowed_tier_without_answers_for_probe_s_is_probed_at_most_every_probe_s() -> None:
     settings = ON.model_copy(update={"probe_s": 60.0})
-    assert probes_due({"int4": 2.0}, {"int4": held()}, {}, 1000.0, settings) == ["int4"]
-    assert probes_due({"int4": 2.0}, {}, {}, 1000.0, settings) == ["int4"]  # past its hold
-    assert probes_due({"int4": 2.0}, {"int4": held()}, {"int4": 950.0}, 1000.0, settings) == []
-    assert probes_due({"int4": 2.0}, {"int4": held()}, {"int4": 940.0}, 1000.0, settings) == [
-        "int4"
-    ]
-    recent = LiveFactor(2.0, 0.04, 12, recent=True)  # traffic still tells
-    assert probes_due({"int4": 2.0}, {"int4": recent}, {}, 1000.0, settings) == []
-    assert probes_due({"int4": 0.5}, {"int4": held(0.5)}, {}, 1000.0, settings) == []  # faster
+    assert probes_due({"int4": 2.0}, {"int4": 930.0}, {}, 1000.0, settings) == ["int4"]
+    assert probes_due({"int4": 2.0}, {}, {}, 1000.0, settings) == ["int4"]  # no answer kept
+    assert probes_due({"int4": 2.0}, {"int4": 950.0}, {}, 1000.0, settings) == []  # traffic
+    assert probes_due({"int4": 2.0}, {"int4": 900.0}, {"int4": 950.0}, 1000.0, settings) == []
+    assert probes_due({"int4": 2.0}, {"int4": 900.0}, {"int4": 940.0}, 1000.0, settings) == ["int4"]
+    assert probes_due({"int4": 0.5}, {"int4": 900.0}, {}, 1000.0, settings) == []  # faster
     off = settings.model_copy(update={"probe_s": None})
-    assert probes_due({"int4": 2.0}, {"int4": held()}, {}, 1000.0, off) == []
+    assert probes_due({"int4": 2.0}, {"int4": 900.0}, {}, 1000.0, off) == []
+
+
+def test_factors_within_the_tolerance_of_one_are_left_out() -> None:
+    found = {
+        "int4": LiveFactor(1.04, 0.005, 300, True),
+        "int8": LiveFactor(1.06, 0.006, 300, True),
+        "fp16": LiveFactor(0.93, 0.009, 300, True),
+    }
+    assert rounded(found, 0.05) == {"int8": 1.06, "fp16": 0.93}
+    assert rounded(found) == {"int4": 1.04, "int8": 1.06, "fp16": 0.93}
 
 
 def probe_answers(tpot: float, n: int = 8) -> list[Answered]:
@@ -190,23 +193,30 @@ def probe_answers(tpot: float, n: int = 8) -> list[Answered]:
     return [Answered("int4", 200, 0.05 + 15 * tpot, 0.05, 0.0, 12, 16, 1) for _ in range(n)]
 
 
-def test_probes_bring_a_recovered_tier_back_and_keep_a_slow_one_away(tmp_path: Path) -> None:
+def probing_loop(
+    tmp_path: Path, speed: list[float], now: list[float], probed: list[float], n: int = 8
+) -> tuple[PolicyStore, Live, LiveRoutes]:
+    """Live routes over int4 (calibrated 15 ms/token) and fp16, whose prober answers ``n``
+    probes at ``speed[0]`` per token and notes when it was called."""
     path = tmp_path / "routing.yaml"
     path.write_text(POLICY.replace("min_samples: 8}", "min_samples: 8, probe_s: 60}"))
     figures = {"fp16": tier("fp16", 1.0, 0.030), "int4": tier("int4", 0.8, 0.015)}
     store = PolicyStore(path, measured=figures, reference="fp16")
     store.load()
-    now = [1000.0]
     live = Live(clock=lambda: now[0])
-    speed = [0.040]  # what the tier does now, per token
-    probed: list[float] = []
 
     async def prober(name: str, settings: LiveRoutesPolicy) -> list[Answered]:
         assert name == "int4" and settings.probe_tokens == 16
         probed.append(now[0])
-        return probe_answers(speed[0])
+        return probe_answers(speed[0], n)
 
-    loop = LiveRoutes(FakeRuntime(store, live), clock=lambda: now[0], prober=prober)  # type: ignore[arg-type]
+    runtime = FakeRuntime(store, live)
+    return store, live, LiveRoutes(runtime, clock=lambda: now[0], prober=prober)  # type: ignore[arg-type]
+
+
+def test_probes_bring_a_recovered_tier_back_and_keep_a_slow_one_away(tmp_path: Path) -> None:
+    now, speed, probed = [1000.0], [0.040], list[float]()
+    store, live, loop = probing_loop(tmp_path, speed, now, probed)
 
     def first() -> str:
         return store.active.policy.routes.tolerant.tiers[0]
@@ -214,19 +224,38 @@ def test_probes_bring_a_recovered_tier_back_and_keep_a_slow_one_away(tmp_path: P
     async def main() -> list[tuple[bool, str]]:
         live.samples["int4"] = spread(0.040, 12, now[0])  # throttled: traffic tells
         seen = [(await loop.tick(), first())]
-        now[0] += 150  # no traffic reaches int4 any more: probed, still slow
+        now[0] += 40  # its last answer 40 s ago: not probed yet
         seen.append((await loop.tick(), first()))
-        now[0] += 30  # probed 30 s ago: not again yet
+        now[0] += 25  # 65 s: probed, still slow
         seen.append((await loop.tick(), first()))
         speed[0] = 0.015  # recovered
-        now[0] += 150  # the slow probes are no longer recent: probed again, as calibrated
+        now[0] += 35  # probed 35 s ago: not again yet
+        seen.append((await loop.tick(), first()))
+        now[0] += 30  # probed again: as calibrated, back in this look (the old answers aside)
         seen.append((await loop.tick(), first()))
         return seen
 
     seen = asyncio.run(main())
-    assert seen == [(True, "fp16"), (False, "fp16"), (False, "fp16"), (True, "int4")]
-    assert probed == [1150.0, 1330.0]
+    assert seen == [(True, "fp16"), (False, "fp16"), (False, "fp16"), (False, "fp16"),
+                    (True, "int4")]  # fmt: skip
+    assert probed == [1065.0, 1130.0]
     assert not store.factors
+
+
+def test_a_probe_the_tier_does_not_answer_keeps_the_tier_away(tmp_path: Path) -> None:
+    now, speed, probed = [1000.0], [0.015], list[float]()
+    store, live, loop = probing_loop(tmp_path, speed, now, probed, n=0)  # every probe failed
+
+    async def main() -> list[str]:
+        live.samples["int4"] = spread(0.040, 12, now[0])
+        await loop.tick()
+        seen = [store.active.policy.routes.tolerant.tiers[0]]
+        now[0] += 70
+        await loop.tick()
+        return [*seen, store.active.policy.routes.tolerant.tiers[0]]
+
+    assert asyncio.run(main()) == ["fp16", "fp16"]
+    assert probed == [1070.0] and store.factors.get("int4", 1.0) > 2
 
 
 def test_a_probe_is_the_calibrations_request_alone(make_stub: Callable[[], Any]) -> None:
