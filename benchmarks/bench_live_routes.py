@@ -15,6 +15,11 @@ throttle really gave (the per-token time of the slowed tier's answers before and
 client saw them), and the seconds each move took, with the route changes' reasons. Progress on
 stderr, markdown on stdout.
 
+With ``--steady SECONDS`` nothing is slowed: chit-chat and code requests alternate (two
+classes, two first tiers, sharing the machine's cores) for that long, and it counts the route
+changes the live figures made: on a machine whose tiers run as calibrated there should be
+none. Both modes end with the gateway's own ``live routes:`` log lines.
+
 The prompts below are load, not evaluation data: nothing is scored on them.
 """
 
@@ -49,6 +54,11 @@ PROMPTS = [
     "Write two lines about the sea at night.",
     "Give me a fun fact about otters.",
     "How do I greet someone politely in French?",
+]
+CODE = [
+    "Write a Python function that reverses a list without using reversed().",
+    "Fix this JavaScript: for (i = 0; i < n; i++) { total += a[i] }",
+    "Write a SQL query that counts orders per customer.",
 ]
 
 
@@ -104,11 +114,13 @@ def one(client: httpx.Client, url: str, prompt: str, max_tokens: int) -> Answer 
 
 def traffic(url: str, worker: int, args: argparse.Namespace, stop: threading.Event,
             out: list[Answer]) -> None:  # fmt: skip
+    mixed = [p for pair in zip(PROMPTS, CODE * 2, strict=True) for p in pair]
+    prompts = mixed if args.steady else PROMPTS
     with httpx.Client(timeout=300) as client:
         for i in range(1_000_000):
             if stop.is_set():
                 return
-            found = one(client, url, PROMPTS[(worker + i) % len(PROMPTS)], args.max_tokens)
+            found = one(client, url, prompts[(worker + i) % len(prompts)], args.max_tokens)
             if found is not None:
                 out.append(found)
 
@@ -178,54 +190,97 @@ def report(
           f"{seconds(moves[1])} after it ran freely (limit {args.limit:.0f} s each)")  # fmt: skip
 
 
-def run(args: argparse.Namespace, folder: Path) -> int:
-    say("starting model-optimizer up with live routes on (the first run builds the variants) ...")
-    with up_stack(folder / "up.log", ["--policy", str(live_policy(folder))]) as stack:
-        calibration = stack.admin("/admin/routes")["tiers"]
-        chain = stack.chains()[args.cls]
-        slowed = chain[0]
-        say(f"{args.cls} route: {' -> '.join(chain)}; slowing {slowed}")
-        port = urlsplit(stack.admin("/admin/tiers")["tiers"][slowed]["base_url"]).port
-        pid = server_pid(int(port or 0))
-        answers: list[Answer] = []
-        stop, stop_throttle = threading.Event(), threading.Event()
-        workers = [
-            threading.Thread(target=traffic, args=(stack.url, w, args, stop, answers))
-            for w in range(args.concurrency)
-        ]
+def gateway_lines(log: Path) -> list[str]:
+    """The gateway's ``live routes:`` log lines (what it saw and did, in its words)."""
+    lines = log.read_text(errors="replace").splitlines()
+    return [line.split("live routes: ", 1)[1] for line in lines if "live routes: " in line]
+
+
+def throttled(args: argparse.Namespace, stack: Stack) -> int:
+    calibration = stack.admin("/admin/routes")["tiers"]
+    chain = stack.chains()[args.cls]
+    slowed = chain[0]
+    say(f"{args.cls} route: {' -> '.join(chain)}; slowing {slowed}")
+    port = urlsplit(stack.admin("/admin/tiers")["tiers"][slowed]["base_url"]).port
+    pid = server_pid(int(port or 0))
+    answers: list[Answer] = []
+    stop, stop_throttle = threading.Event(), threading.Event()
+    workers = [
+        threading.Thread(target=traffic, args=(stack.url, w, args, stop, answers))
+        for w in range(args.concurrency)
+    ]
+    for worker in workers:
+        worker.start()
+    throttler = threading.Thread(target=throttle, args=(pid, args.slow, stop_throttle))
+    try:
+        t0 = time.monotonic()
+        time.sleep(args.settle)
+        t1 = time.monotonic()
+        say(f"throttling {slowed} (pid {pid}) {args.slow}x ...")
+        throttler.start()
+        moved = wait_for(stack, args.cls, False, slowed, args.limit)
+        t2 = time.monotonic()
+        after_move = stack.chains()[args.cls]
+        reason_away = last_change(stack, args.cls)
+        stop_throttle.set()
+        throttler.join()
+        say(f"moved away after {moved} s; {slowed} runs freely again ...")
+        back = wait_for(stack, args.cls, True, slowed, args.limit) if moved else None
+        t3 = time.monotonic()
+        say(f"back after {back} s")
+        reason_back = last_change(stack, args.cls)
+    finally:
+        stop_throttle.set()
+        stop.set()
         for worker in workers:
-            worker.start()
-        throttler = threading.Thread(target=throttle, args=(pid, args.slow, stop_throttle))
-        try:
-            t0 = time.monotonic()
-            time.sleep(args.settle)
-            t1 = time.monotonic()
-            say(f"throttling {slowed} (pid {pid}) {args.slow}x ...")
-            throttler.start()
-            moved = wait_for(stack, args.cls, False, slowed, args.limit)
-            t2 = time.monotonic()
-            after_move = stack.chains()[args.cls]
-            reason_away = last_change(stack, args.cls)
-            stop_throttle.set()
-            throttler.join()
-            say(f"moved away after {moved} s; {slowed} runs freely again ...")
-            back = wait_for(stack, args.cls, True, slowed, args.limit) if moved else None
-            t3 = time.monotonic()
-            say(f"back after {back} s")
-            reason_back = last_change(stack, args.cls)
-        finally:
-            stop_throttle.set()
-            stop.set()
-            for worker in workers:
-                worker.join(timeout=330)
-        tiers = stack.admin("/admin/routes")["tiers"]
-        live = {name: t.get("live") for name, t in tiers.items()}
+            worker.join(timeout=330)
     report(args, calibration, chain, after_move, answers, (t0, t1, t2, t3), (moved, back))
     for line in reason_away + reason_back:
         print(f"- change: {line}")
     served = {t: sum(1 for a in answers if a.tier == t) for t in {a.tier for a in answers}}
-    print(f"\nanswers served: {served}; live figures at the end: {json.dumps(live)[:600]}")
+    print(f"\nanswers served: {served}")
     return 0 if moved is not None and back is not None else 1
+
+
+def steady(args: argparse.Namespace, stack: Stack) -> int:
+    before = stack.chains()
+    answers: list[Answer] = []
+    stop = threading.Event()
+    workers = [
+        threading.Thread(target=traffic, args=(stack.url, w, args, stop, answers))
+        for w in range(args.concurrency)
+    ]
+    for worker in workers:
+        worker.start()
+    say(f"steady mixed traffic for {args.steady:.0f} s, nothing slowed ...")
+    try:
+        time.sleep(args.steady)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=330)
+    history = stack.admin("/admin/routes")["history"]
+    live = [c for c in history if str(c.get("reason", "")).startswith("live figures")]
+    served = {t: sum(1 for a in answers if a.tier == t) for t in {a.tier for a in answers}}
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; chit-chat and code alternating, "
+          f"concurrency {args.concurrency}, max_tokens {args.max_tokens}, "
+          f"{args.steady:.0f} s\n")  # fmt: skip
+    print(f"answers served: {served}")
+    print(f"routes before: {before}\nroutes after:  {stack.chains()}")
+    print(f"route changes made by the live figures: {len(live)}")
+    for change in live:
+        print(f"- {json.dumps(change)}")
+    return 0 if not live else 1
+
+
+def run(args: argparse.Namespace, folder: Path) -> int:
+    say("starting model-optimizer up with live routes on (the first run builds the variants) ...")
+    with up_stack(folder / "up.log", ["--policy", str(live_policy(folder))]) as stack:
+        code = steady(args, stack) if args.steady else throttled(args, stack)
+    print("\nthe gateway's live routes log:")
+    for line in gateway_lines(stack.log):
+        print(f"    {line}")
+    return code
 
 
 def main() -> int:
@@ -236,6 +291,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--settle", type=float, default=60.0, help="seconds before the throttle")
     parser.add_argument("--limit", type=float, default=600.0, help="seconds a move may take")
+    parser.add_argument("--steady", type=float, default=0.0, help="seconds of mixed load alone")
     args = parser.parse_args()
     if args.slow <= 1:
         parser.error("--slow must be above 1")

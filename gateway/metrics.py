@@ -176,6 +176,20 @@ class GatewayMetrics:
             ["class", "tier"],
             registry=reg,
         )
+        self.live_factor = Gauge(
+            "gateway_live_route_factor",
+            "Each measured tier's live factor the routes are derived on now: its per-token time "
+            "in real answers over the calibration's at the same load (1: as calibrated).",
+            ["tier"],
+            registry=reg,
+        )
+        self.live_probes = Counter(
+            "gateway_live_probes_total",
+            "Probe rounds of a tier the live routes moved away from, by outcome: judged "
+            "(enough answers), short (fewer: nothing changes), failed.",
+            ["tier", "outcome"],
+            registry=reg,
+        )
         self.background_errors = Counter(
             "gateway_background_errors_total",
             "Exceptions that ended a background loop (started again), by loop.",

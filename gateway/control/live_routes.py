@@ -166,6 +166,7 @@ class LiveRoutes:
             if store.factors:  # turned off: back to the calibration's figures
                 return await store.relive({}, "live routes turned off")
             return False
+        self._show(store)
         windows = self.runtime.live.windows()
         latest = {tier: max(s.at for s in kept) for tier, kept in windows.items() if kept}
         due = probes_due(store.factors, latest, self.last_probe, self.clock(), settings)
@@ -181,7 +182,13 @@ class LiveRoutes:
             ", ".join(found[name].describe(name) for name in factors) or "every tier as calibrated"
         )
         logger.info("live routes: deriving again (%s)", why)
-        return await store.relive(factors, why)
+        changed = await store.relive(factors, why)
+        self._show(store)
+        return changed
+
+    def _show(self, store: PolicyStore) -> None:
+        for tier in store.measured:
+            self.runtime.metrics.live_factor.labels(tier).set(store.factors.get(tier, 1.0))
 
     async def _send_probes(self, tiers: list[str], settings: LiveRoutesPolicy) -> None:
         for tier in tiers:
@@ -190,11 +197,14 @@ class LiveRoutes:
                 answers = await self.prober(tier, settings)
             except Exception as exc:  # a tier that does not answer: nothing learnt
                 logger.warning("live routes: probing %s failed: %s", tier, exc)
+                self.runtime.metrics.live_probes.labels(tier, "failed").inc()
                 continue
             for answer in answers:
                 self.runtime.live.observe(answer)
-            if len(answers) >= settings.min_samples:
+            judged = len(answers) >= settings.min_samples
+            if judged:
                 self.probed[tier] = began
+            self.runtime.metrics.live_probes.labels(tier, "judged" if judged else "short").inc()
             logger.info("live routes: probed %s (%d answers)", tier, len(answers))
 
     async def _probe(self, tier: str, settings: LiveRoutesPolicy) -> list[Answered]:

@@ -12,6 +12,7 @@ from typing import Any
 from gateway.control.live_figures import Answered, Sample, sample_of
 from gateway.control.live_probes import probe_tier, probes_due
 from gateway.control.live_routes import LiveFactor, LiveRoutes, LoadCurve, live_factor, rounded
+from gateway.metrics import GatewayMetrics
 from gateway.policy.derive import TierFigures, apply_factors
 from gateway.policy.live import LiveRoutesPolicy
 from gateway.policy.store import PolicyStore
@@ -120,6 +121,7 @@ async def no_probe(tier: str, settings: LiveRoutesPolicy) -> list[Answered]:
 class FakeRuntime:
     def __init__(self, store: PolicyStore, live: Live) -> None:
         self.policies, self.live = store, live
+        self.metrics = GatewayMetrics()
 
 
 def test_the_routes_move_away_from_a_tier_made_slow_and_come_back_when_it_recovers(
@@ -240,6 +242,10 @@ def test_probes_bring_a_recovered_tier_back_and_keep_a_slow_one_away(tmp_path: P
                     (True, "int4")]  # fmt: skip
     assert probed == [1065.0, 1130.0]
     assert not store.factors
+    registry = loop.runtime.metrics.registry
+    assert registry.get_sample_value("gateway_live_route_factor", {"tier": "int4"}) == 1.0
+    judged = {"tier": "int4", "outcome": "judged"}
+    assert registry.get_sample_value("gateway_live_probes_total", judged) == 2.0
 
 
 def test_a_probe_the_tier_does_not_answer_keeps_the_tier_away(tmp_path: Path) -> None:
@@ -256,6 +262,10 @@ def test_a_probe_the_tier_does_not_answer_keeps_the_tier_away(tmp_path: Path) ->
 
     assert asyncio.run(main()) == ["fp16", "fp16"]
     assert probed == [1070.0] and store.factors.get("int4", 1.0) > 2
+    registry = loop.runtime.metrics.registry
+    assert (registry.get_sample_value("gateway_live_route_factor", {"tier": "int4"}) or 0) > 2
+    short = {"tier": "int4", "outcome": "short"}
+    assert registry.get_sample_value("gateway_live_probes_total", short) == 1.0
 
 
 def test_a_probe_is_the_calibrations_request_alone(make_stub: Callable[[], Any]) -> None:
