@@ -173,8 +173,11 @@ class LiveRoutes:
         if due:
             await self._send_probes(due, settings)
             windows = self.runtime.live.windows()
-        now = self.clock()
-        found = live_factors(windows, store.measured, now, settings, self.probed)
+        now, probed, measured = self.clock(), dict(self.probed), store.measured
+        # Off the event loop: over 3 tiers' 512 answers a look took 5.6 ms of CPU here.
+        found = await anyio.to_thread.run_sync(
+            lambda: live_factors(windows, measured, now, settings, probed)
+        )
         factors = rounded(found, settings.tolerance)
         if factors == store.factors:
             return False
