@@ -39,8 +39,8 @@ def say(text: str) -> None:
     print(f"bench_route_stability: {text}", file=sys.stderr, flush=True)
 
 
-def one_run(folder: Path, index: int) -> dict[str, Any]:
-    with up_stack(folder / f"up-{index}.log") as stack:
+def one_run(folder: Path, index: int, extra: list[str]) -> dict[str, Any]:
+    with up_stack(folder / f"up-{index}.log", extra) as stack:
         document = stack.admin("/admin/routes")
     tiers = document["tiers"]
     return {
@@ -51,8 +51,9 @@ def one_run(folder: Path, index: int) -> dict[str, Any]:
 
 
 def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> bool:
+    engine = f" --engine {args.engine}" if args.engine else ""
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {args.busy} core(s) kept busy; "
-          f"{len(runs)} runs of `model-optimizer up`\n")  # fmt: skip
+          f"{len(runs)} runs of `model-optimizer up{engine}`\n")  # fmt: skip
     classes = sorted(runs[0]["chains"])
     print("| run | " + " | ".join(classes) + " | TPOT ms per tier |")
     print("|---|" + "---|" * (len(classes) + 1))
@@ -73,7 +74,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--busy", type=int, default=1, help="cores kept busy meanwhile")
     parser.add_argument("--busy-limit", type=float, default=7200.0, help="seconds at most")
+    parser.add_argument("--engine", choices=["llama.cpp", "vllm"], help="default: the spec's")
     args = parser.parse_args()
+    extra = ["--engine", args.engine] if args.engine else []
     if args.runs < 2 or args.busy < 0:
         parser.error("--runs needs at least 2 runs, --busy 0 or more")
     cached = cache_root() / "admission"
@@ -92,7 +95,7 @@ def main() -> int:
             for i in range(1, args.runs + 1):
                 say(f"run {i}/{args.runs}: model-optimizer up, measuring afresh ...")
                 shutil.rmtree(cached, ignore_errors=True)
-                runs.append(one_run(folder, i))
+                runs.append(one_run(folder, i, extra))
                 say(f"run {i}: {runs[-1]['chains']}")
         finally:
             for spinner in spinners:

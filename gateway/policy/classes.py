@@ -176,12 +176,18 @@ class ModelRule(Section):
     system_weight: NonNegativeFloat = 0.5
     top_features: int = Field(default=3, ge=0, le=10)
     second_stage: SecondStageRule | None = None
+    # [low, high): a chat's last user turn whose own P(precise) lies here, after earlier user
+    # turns, takes the class of the conversation before it (None: context only raises it).
+    followup_band: tuple[float, float] | None = None
 
     @model_validator(mode="after")
     def _band(self) -> ModelRule:
         second = self.second_stage
         if second is not None and not second.sure_tolerant < second.sure_precise:
             raise ValueError("second_stage: sure_tolerant must be below sure_precise")
+        band = self.followup_band
+        if band is not None and not 0 <= band[0] < band[1] <= 1:
+            raise ValueError("followup_band: needs 0 <= low < high <= 1")
         return self
 
 

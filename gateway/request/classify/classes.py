@@ -232,7 +232,22 @@ def _by_model(
             return Classification(TOLERANT, "tolerant: no text to classify", p_precise=0.0)
         context = combine((s.precise, w) for s, w in weighted)
         last = scores[-1] if scores else weighted[-1][0]
-        if len(weighted) > 1 and context > last.precise:
+        band = rule.followup_band
+        if band is not None and len(scores) > 1 and band[0] <= last.p_precise < band[1]:
+            # An unsure follow-up ("make it funnier", "now faster") keeps the class its
+            # conversation earned: the turns before it (and the system) decide, either way.
+            earlier = weighted[: len(scores) - 1] + weighted[len(scores) :]
+            logit, code = (
+                combine((s.precise, w) for s, w in earlier),
+                combine((s.code, w) for s, w in earlier),
+            )
+            most = max(range(len(earlier)), key=lambda i: earlier[i][0].precise)
+            decisive, text = earlier[most][0], (read[: len(scores) - 1] + read[len(scores) :])[most]
+            note = (
+                f"; follow-up (last turn {last.p_precise:.3f}, unsure: "
+                f"[{band[0]:g}, {band[1]:g})): the conversation before it {sigmoid(logit):.3f}"
+            )
+        elif len(weighted) > 1 and context > last.precise:
             # The conversation raises the last turn (context never lowers it).
             logit, code = context, combine((s.code, w) for s, w in weighted)
             most = max(range(len(weighted)), key=lambda i: weighted[i][0].precise)

@@ -93,6 +93,38 @@ def test_a_follow_up_keeps_the_class_the_conversation_earned(tmp_path: Path) -> 
     assert dice.cls == MATH
 
 
+def _band_rules(tmp_path: Path, band: str | None) -> CompiledClasses:
+    (tmp_path / "tiny.json").write_text(json.dumps(WEIGHTS))
+    extra = f", followup_band: {band}" if band else ""
+    text = ROUTES + f"classes:\n  model: {{weights: tiny.json, threshold: 0.1{extra}}}\n"
+    return CompiledClasses.build(parse_policy(text, str(tmp_path / "p.yaml")).classes, tmp_path)
+
+
+def test_an_unsure_follow_up_takes_the_class_of_the_conversation_before_it(
+    tmp_path: Path,
+) -> None:
+    # "make it funnier" alone: p = sigmoid(-2) = 0.119, precise at threshold 0.1 (unsure).
+    poem = _chat("a poem please", "make it funnier")
+    assert classify_request(poem, 10, _band_rules(tmp_path, None)).cls in (CODE, MATH)
+    found = classify_request(poem, 10, _band_rules(tmp_path, "[0.0, 0.5]"))
+    assert found.cls == TOLERANT and "follow-up (last turn 0.119, unsure: [0, 0.5))" in found.reason
+    code = _chat("a python function", "make it funnier")
+    assert classify_request(code, 10, _band_rules(tmp_path, "[0.0, 0.5]")).cls == CODE
+    # A follow-up sure of itself is judged as before: a poem, then code, is code.
+    turned = _chat("a poem please", "write a python function")
+    found = classify_request(turned, 10, _band_rules(tmp_path, "[0.0, 0.5]"))
+    assert found.cls == CODE and "follow-up" not in found.reason
+    # A first turn has no conversation before it.
+    alone = classify_request(_chat("make it funnier"), 10, _band_rules(tmp_path, "[0.0, 0.5]"))
+    assert alone.cls in (CODE, MATH) and "follow-up" not in alone.reason
+
+
+def test_a_follow_up_band_must_be_an_interval_of_probabilities(tmp_path: Path) -> None:
+    for band in ("[0.6, 0.2]", "[0.2, 1.5]"):
+        with pytest.raises(PolicyError, match="followup_band"):
+            _band_rules(tmp_path, band)
+
+
 def test_older_turns_weigh_less(tmp_path: Path) -> None:
     rules = _rules(tmp_path)
     recent = classify_request(_chat("a", "python", "ok then"), 10, rules).p_precise
@@ -212,3 +244,7 @@ def test_the_shipped_policy_keeps_a_conversations_class() -> None:
         "I roll two dice. What is the chance of a double six?", "what if the dice are loaded?"
     )
     assert classify_request(dice, 40, rules).cls == MATH
+    poem = _chat("Write a short poem about the autumn rain.", "Make it funnier.")
+    assert classify_request(poem, 40, rules).cls == TOLERANT
+    trip = _chat("Plan a relaxed weekend in Lisbon for two.", "Shorter, please.")
+    assert classify_request(trip, 40, rules).cls == TOLERANT
