@@ -15,6 +15,7 @@ moved away from is probed before the factors are computed, when due
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -117,6 +118,23 @@ def live_factors(
     return out
 
 
+def relative_to_host(found: Mapping[str, LiveFactor]) -> tuple[dict[str, LiveFactor], float]:
+    """Tiers that share one host's cores slow each other: when two or more have recent answers,
+    the median of their factors is the host's, and each recent factor is taken relative to it
+    (a tier is slow only against the others under the same load). Held factors, from older
+    answers, stay as they are. Returns the factors and the host's (1: fewer than two)."""
+    recent = sorted(f.factor for f in found.values() if f.recent)
+    if len(recent) < 2:
+        return dict(found), 1.0
+    mid = len(recent) // 2
+    host = recent[mid] if len(recent) % 2 else (recent[mid - 1] + recent[mid]) / 2
+    out = {
+        name: dataclasses.replace(f, factor=f.factor / host) if f.recent else f
+        for name, f in found.items()
+    }
+    return out, host
+
+
 def rounded(factors: Mapping[str, LiveFactor], tolerance: float = 0.0) -> dict[str, float]:
     """The factors as the store takes them: two decimals, those within ``tolerance`` of 1 left
     out (a few hundred answers make an interval narrow enough that a 3 % wobble is
@@ -178,12 +196,17 @@ class LiveRoutes:
         found = await anyio.to_thread.run_sync(
             lambda: live_factors(windows, measured, now, settings, probed)
         )
+        host = 1.0
+        if settings.shared_host:
+            found, host = relative_to_host(found)
         factors = rounded(found, settings.tolerance)
         if factors == store.factors:
             return False
         why = "live figures: " + (
             ", ".join(found[name].describe(name) for name in factors) or "every tier as calibrated"
         )
+        if host != 1.0:
+            why += f"; relative to the host's x{host:.2f} (the busy tiers' median)"
         logger.info("live routes: deriving again (%s)", why)
         changed = await store.relive(factors, why)
         self._show(store)

@@ -26,6 +26,13 @@ is idle: its calibration alone is its cost now.
   pairs: gateway/policy/derive.py ``apply_factors``) and the throughput; TTFT stays the
   calibration's (it depends on the prompt, which live traffic does not hold constant). Quality
   figures and the emulated rule are untouched.
+- **a shared host**: tiers on one host's cores slow each other (two busy tiers were each
+  ~1.5x their calibration on 2 cores, an idle one not at all, and the routes flapped between
+  them: 12 changes in 5 minutes, benchmarks/bench_live_routes.py --steady). With
+  ``shared_host`` (on), when two or more tiers have recent answers, each recent factor is taken
+  relative to their median (gateway/control/live_routes.py ``relative_to_host``): a tier is
+  slow only against the others under the same load. Turn it off where each tier has its own
+  machine.
 - **recovery**: a tier the routes moved away from gets no traffic, so with ``probe_s`` set it
   is probed instead (gateway/control/live_probes.py): ``min_samples`` short requests of
   ``probe_tokens`` tokens at most every ``probe_s`` seconds while its factor is above 1 and it
@@ -51,3 +58,6 @@ class LiveRoutesPolicy(Section):
     probe_s: float | None = Field(default=60.0, gt=0)  # between probes of a slowed tier
     probe_tokens: int = Field(default=16, ge=2, le=256)  # tokens a probe asks for
     tolerance: float = Field(default=0.05, ge=0, lt=1)  # factors this close to 1 count as 1
+    # The tiers share one host's cores (up, compose, co-located pods): a slowdown the busy
+    # tiers share is the host's, and each is judged relative to their median.
+    shared_host: bool = True

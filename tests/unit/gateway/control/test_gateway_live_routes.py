@@ -11,7 +11,14 @@ from typing import Any
 
 from gateway.control.live_figures import Answered, Sample, sample_of
 from gateway.control.live_probes import probe_tier, probes_due
-from gateway.control.live_routes import LiveFactor, LiveRoutes, LoadCurve, live_factor, rounded
+from gateway.control.live_routes import (
+    LiveFactor,
+    LiveRoutes,
+    LoadCurve,
+    live_factor,
+    relative_to_host,
+    rounded,
+)
 from gateway.metrics import GatewayMetrics
 from gateway.policy.derive import TierFigures, apply_factors
 from gateway.policy.live import LiveRoutesPolicy
@@ -290,3 +297,65 @@ def test_a_probe_of_a_tier_that_refuses_gives_nothing(make_stub: Callable[[], An
     stub.mode = "unavailable"
     answers = asyncio.run(probe_tier("int4", stub.url, None, ON))
     assert answers == [] and len(stub.requests) == ON.min_samples
+
+
+def test_busy_tiers_on_one_host_are_judged_against_their_median() -> None:
+    alone, host = relative_to_host({"int4": LiveFactor(1.43, 0.01, 30, True)})
+    assert host == 1.0 and alone["int4"].factor == 1.43  # one busy tier: nothing to compare
+    found, host = relative_to_host(
+        {"int4": LiveFactor(1.43, 0.01, 30, True), "int8": LiveFactor(1.56, 0.03, 30, True)}
+    )
+    assert abs(host - 1.495) < 1e-9 and rounded(found, 0.05) == {}
+    throttled, host = relative_to_host(
+        {
+            "int4": LiveFactor(2.0, 0.01, 30, True),
+            "int8": LiveFactor(1.0, 0.006, 30, True),
+            "fp16": LiveFactor(1.0, 0.009, 8, True),
+        }
+    )
+    assert host == 1.0 and rounded(throttled, 0.05) == {"int4": 2.0}
+    held, host = relative_to_host(
+        {
+            "int4": LiveFactor(1.5, 0.01, 30, True),
+            "int8": LiveFactor(1.5, 0.01, 30, True),
+            "fp16": LiveFactor(3.0, 0.03, 30, False),
+        }
+    )
+    assert host == 1.5 and held["fp16"].factor == 3.0 and held["int4"].factor == 1.0
+
+
+MIXED = """\
+tiers: [fp16, int8, int4]
+routes:
+  tolerant: {tiers: [int4, int8, fp16], derive: {floor: 0.6}}
+  code: {tiers: [int8, fp16], derive: {floor: 0.9}}
+  math: [fp16, int8]
+  long: [fp16, int8, int4]
+live_routes: {enabled: true, interval_s: 1, min_samples: 8, shared_host: SHARED}
+"""
+
+
+def test_two_busy_tiers_slowing_each_other_do_not_move_the_routes_on_a_shared_host(
+    tmp_path: Path,
+) -> None:
+    """What bench_live_routes.py --steady found: chit-chat on int4 and code on int8 at once,
+    each ~1.5x its calibration, the idle fp16 as calibrated; without the host's median the
+    code route moved to fp16."""
+    firsts = {}
+    for shared in ("true", "false"):
+        path = tmp_path / f"routing-{shared}.yaml"
+        path.write_text(MIXED.replace("SHARED", shared))
+        figures = {
+            "fp16": tier("fp16", 1.0, 0.030),
+            "int8": tier("int8", 0.97, 0.022),
+            "int4": tier("int4", 0.8, 0.015),
+        }
+        store = PolicyStore(path, measured=figures, reference="fp16")
+        store.load()
+        live = Live(clock=lambda: 1000.0)
+        live.samples["int4"] = spread(0.015 * 1.43, 30, 1000.0)
+        live.samples["int8"] = spread(0.022 * 1.56, 30, 1000.0)
+        loop = LiveRoutes(FakeRuntime(store, live), clock=lambda: 1000.0, prober=no_probe)  # type: ignore[arg-type]
+        asyncio.run(loop.tick())
+        firsts[shared] = store.active.policy.routes.code.tiers[0]
+    assert firsts == {"true": "int8", "false": "fp16"}
