@@ -47,6 +47,10 @@ from measure.eval_data import load_labeled  # noqa: E402
 from measure.quality import sequence_agreement  # noqa: E402
 from measure.serving_stats import percentile  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from up_stack import wait_ready  # noqa: E402
+
 PROMPTS = ROOT / "measure" / "data" / "routing_prompts.jsonl"
 POLICY = ROOT / "policies" / "routing.yaml"
 
@@ -120,16 +124,7 @@ def gateways(
             )
             urls[name] = f"http://127.0.0.1:{port}"
         for url in urls.values():
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"bench_routes: gateway {url} not ready in 60 s")
-                time.sleep(0.3)
+            wait_ready(url, 60, what=f"bench_routes: gateway {url}")
         yield urls
     finally:
         for process in running:

@@ -50,6 +50,24 @@ def cpu_model() -> str:
     return "unknown CPU"
 
 
+def wait_ready(url: str, seconds: float, process: subprocess.Popen[bytes] | None = None,
+               what: str = "the stack") -> None:  # fmt: skip
+    """Until ``url``/readyz answers 200; a ``SystemExit`` naming ``what`` when ``process``
+    exits first or ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if process is not None and process.poll() is not None:
+            raise SystemExit(f"{what} exited with {process.returncode}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{what} was not ready in {seconds:.0f} s")
+        time.sleep(0.3)
+
+
 @contextmanager
 def up_stack(log: Path, extra: Sequence[str] = ()) -> Iterator[Stack]:
     """``model-optimizer up`` with ``extra`` arguments, ready; stopped on exit."""
@@ -67,18 +85,7 @@ def up_stack(log: Path, extra: Sequence[str] = ()) -> Iterator[Stack]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + READY_S
-        while True:
-            if process.poll() is not None:
-                raise SystemExit(f"model-optimizer up exited with {process.returncode} ({log})")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the stack was not ready in {READY_S:.0f} s ({log})")
-            time.sleep(1)
+        wait_ready(url, READY_S, process, f"model-optimizer up ({log})")
         yield Stack(url, log)
     finally:
         if process.poll() is None:

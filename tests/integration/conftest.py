@@ -75,8 +75,26 @@ class Stack:
         raise AssertionError(f"no process serves tier {name}")
 
 
+LIVE_ON = "\n  {enabled: true, interval_s"
+
+
+def suite_policy_text() -> str:
+    """policies/routing.yaml with its routes on live figures off: the suite asserts the routes
+    derived from up's calibration while its own load (tiers killed, stopped and reset on
+    purpose) runs; live routes are tested by tests/unit/gateway/control/test_gateway_live_routes.py
+    and measured on real tiers by benchmarks/bench_live_routes.py."""
+    text = (ROOT / "policies" / "routing.yaml").read_text()
+    assert LIVE_ON in text, "policies/routing.yaml's live_routes line moved: update LIVE_ON"
+    return text.replace(LIVE_ON, "\n  {enabled: false, interval_s", 1)
+
+
 def gateway_config(stack: Stack, **extra: Any) -> GatewayConfig:
-    """A gateway over the stack's tiers with the shipped policy and the variants' tokenizer."""
+    """A gateway over the stack's tiers with the suite's copy of the shipped policy (live routes
+    off: ``suite_policy_text``) and the variants' tokenizer."""
+    if "policy_path" not in extra:
+        policy = stack.log.parent / "routing-suite.yaml"
+        policy.write_text(suite_policy_text())
+        extra["policy_path"] = str(policy)
     tiers = [
         TierEndpoint(
             name=name, base_url=url, max_model_len=2048, api_key=TIER_KEY, engine=stack.engine
@@ -84,7 +102,6 @@ def gateway_config(stack: Stack, **extra: Any) -> GatewayConfig:
         for name, url in stack.tier_urls.items()
     ]
     settings: dict[str, Any] = {
-        "policy_path": str(ROOT / "policies" / "routing.yaml"),
         "tokenizer_dir": str(stack.variants / "fp16"),
         **extra,
     }
@@ -236,14 +253,15 @@ def start_stack(
     gateway is ready.
 
     The gateway routes by a copy of policies/routing.yaml beside ``log`` (so a test may edit
-    it), shares state in the machine's Redis (the engine's own database), accepts
-    ``ADMIN_KEY`` on /admin and gives its tiers ``TIER_KEY``. The gateway measures the tiers
-    only when a test asks (``gateway_measures``): ``up``'s measurement at start is enough for
-    the others, and a re-measurement after a test restarts a tier would take minutes of CPU.
+    it; live routes off: ``suite_policy_text``), shares state in the machine's Redis (the
+    engine's own database), accepts ``ADMIN_KEY`` on /admin and gives its tiers ``TIER_KEY``.
+    The gateway measures the tiers only when a test asks (``gateway_measures``): ``up``'s
+    measurement at start is enough for the others, and a re-measurement after a test restarts
+    a tier would take minutes of CPU.
     """
     gw_port, base = free_port_run(1), free_port_run(len(tiers))
     policy = log.parent / "routing.yaml"
-    policy.write_text((ROOT / "policies" / "routing.yaml").read_text())
+    policy.write_text(suite_policy_text())
     args = ["--port", str(gw_port), "--tier-port", str(base), "--tiers", ",".join(tiers)]
     args += ["--policy", str(policy), "--engine", engine, "--redis-url", ENGINE_REDIS[engine]]
     if not gateway_measures:  # the gateway's own measurements cost minutes of CPU after a restart
