@@ -92,6 +92,7 @@ class TierBoard:
         # The gateway's own admission verdicts (gateway/control/measurement.py) over the
         # configured ``classes``: tier -> admitted classes (None: every class).
         self._admitted: dict[str, frozenset[str] | None] = {}
+        self._turns: dict[str, int] = {}  # per tier, requests ordered: whose turn a tie is
 
     # ------------------------------------------------------------------ pools
 
@@ -208,7 +209,8 @@ class TierBoard:
     ) -> list[TierEndpoint]:
         """The endpoints of tier ``name`` to try for a request, in order
         (gateway/request/route/endpoint_choice.py)."""
-        choice = choose_endpoints(self.endpoint_statuses(name), session, limits)
+        turn = self._turns[name] = self._turns.get(name, -1) + 1
+        choice = choose_endpoints(self.endpoint_statuses(name), session, limits, turn)
         return [self.endpoint(name, url) for url in choice.order]
 
     def metrics(self, name: str) -> TierMetrics | None:

@@ -1,6 +1,7 @@
 """Which endpoint of a tier's pool takes a request, in which order (pure).
 
-``choose_endpoints(endpoints, session_key, limits)`` orders one tier's endpoints for a request:
+``choose_endpoints(endpoints, session_key, limits, turn)`` orders one tier's endpoints for a
+request:
 
 1. endpoints not ``ready`` (down, starting, draining, resetting) are left out;
 2. saturated ones (``requests_waiting`` or ``kv_usage`` above the policy's ``saturation``
@@ -8,7 +9,11 @@
    ready endpoint is saturated: then they are all kept, least loaded first (the router only
    sends a request to a saturated tier when it was pinned there);
 3. the rest go least loaded first: fewer waiting requests, then lower KV usage (in whole
-   percent, so tiny differences do not decide), then fewer running requests, then the URL;
+   percent, so tiny differences do not decide), then fewer running requests; endpoints that
+   tie take turns (``turn``, a count the caller advances per request: the endpoint at that
+   position of the pool first, then the next), since a scrape that shows no load at all says
+   nothing of the requests sent since (short answers on a fast machine finish between two
+   scrapes: by URL order every one of them went to the same endpoint);
 4. affinity: with a session key (``x-session-id`` header or OpenAI's ``user`` field,
    ``session_key``) the endpoint with the highest rendezvous (HRW) score among the ready ones
    goes first, so a conversation keeps landing where its prefix is cached. HRW moves only the
@@ -80,14 +85,23 @@ def hrw_score(session_key: str, url: str) -> int:
 
 
 def choose_endpoints(
-    endpoints: Sequence[EndpointStatus], session_key: str | None, limits: Saturation
+    endpoints: Sequence[EndpointStatus],
+    session_key: str | None,
+    limits: Saturation,
+    turn: int = 0,
 ) -> EndpointChoice:
     """The endpoints of one tier to try, in order (see the module docstring)."""
     ready = [e for e in endpoints if e.state == TierState.READY]
     if not ready:
         return EndpointChoice([])
     fresh = [e for e in ready if not saturated(e, limits)]
-    candidates = sorted(fresh or ready, key=load_key)
+    position = {e.url: i for i, e in enumerate(endpoints)}
+
+    def taking_turns(e: EndpointStatus) -> tuple[float, int, float, int]:
+        waiting, kv_percent, running, _ = load_key(e)
+        return (waiting, kv_percent, running, (position[e.url] - turn) % len(endpoints))
+
+    candidates = sorted(fresh or ready, key=taking_turns)
     if session_key:
         own = max(ready, key=lambda e: (hrw_score(session_key, e.url), e.url))
         if own in fresh:

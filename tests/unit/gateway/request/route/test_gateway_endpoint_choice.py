@@ -32,6 +32,18 @@ def test_least_loaded_first_waiting_then_kv_then_running() -> None:
     assert not choice.affinity
 
 
+def test_endpoints_that_tie_take_turns() -> None:
+    """Scrapes that show no load (short answers on a fast machine finish between two of them)
+    must not send every request to the same endpoint."""
+    idle = pool(3)
+    firsts = [choose_endpoints(idle, None, LIMITS, turn).order[0] for turn in range(6)]
+    assert firsts == [e.url for e in idle] * 2
+    assert choose_endpoints(idle, None, LIMITS, 1).order == [e.url for e in idle[1:] + idle[:1]]
+    # Load still comes first: a busier endpoint is last whatever the turn.
+    busy = [EndpointStatus(idle[0].url, READY, requests_running=2), *idle[1:]]
+    assert all(choose_endpoints(busy, None, LIMITS, t).order[-1] == idle[0].url for t in range(3))
+
+
 def test_not_ready_draining_and_saturated_are_skipped() -> None:
     endpoints = [
         EndpointStatus("http://down", TierState.DOWN),
