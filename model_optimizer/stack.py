@@ -84,7 +84,7 @@ def served_name(model: str) -> str:
 def curl_example(port: int, model: str) -> str:
     body = (
         f'{{"model": "{model}", "messages": '
-        '[{"role": "user", "content": "What is the capital of France?"}]}'
+        '[{"role": "user", "content": "Which city is the capital of France?"}]}'
     )
     return (
         f"curl -s http://{LOOPBACK}:{port}/v1/chat/completions "

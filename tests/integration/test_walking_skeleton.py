@@ -14,7 +14,11 @@ from tests.integration.conftest import Stack, start_stack, stop_stack, survivors
 
 pytestmark = pytest.mark.integration
 MODEL = "SmolLM2-135M-Instruct"
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# Not "What is the capital of France?": its first token is a coin toss for this model (fp16's
+# "The" 0.164 against "L" 0.144, docs/backends.md), and vLLM-CPU's admitted int8 tier on an
+# AVX-512 EPYC, which its calibration may route first, takes the other side ("L'Etoile, la
+# Marseur, ..."). Asked this way every tier measured there named Paris.
+QUESTION = [{"role": "user", "content": "Which city is the capital of France?"}]
 
 
 def _client(stack: Stack) -> openai.OpenAI:
