@@ -1,18 +1,32 @@
 """The gateway measures its tiers itself (issue 32), on real llama.cpp tiers: two gateway
-processes sharing Redis, as two Kubernetes replicas are; one of them (the leader) runs the
-admission check and the speed calibration, both route on the figures it wrote."""
+processes sharing Redis, as two Kubernetes replicas are, with int4 a pool of two servers (the
+stack's and a second one started from the same argv on another loopback port); one of them
+(the leader) runs the admission check and the speed calibration of every endpoint, both route
+on the figures it wrote."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from gateway.config import hash_key
-from tests.integration.conftest import Stack, gateway_config, gateway_processes, wait_until
+from backends.process import free_port
+from gateway.config import TierEndpoint, hash_key
+from tests.integration.conftest import (
+    TIER_KEY,
+    Stack,
+    gateway_config,
+    gateway_processes,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 KEY = "measures-admin-key"
@@ -26,17 +40,52 @@ def _routes(url: str) -> dict[str, Any]:
     return dict(response.json())
 
 
-def _measured_by_gateway(url: str) -> bool:
+def _measured_endpoints(url: str) -> set[tuple[str, str]]:
+    """The endpoints the shared record holds, as this replica shows it (none before a run)."""
     measurement = _routes(url).get("measurement") or {}
-    return measurement.get("source") == "gateway" and measurement.get("written_at") is not None
+    if measurement.get("source") != "gateway" or measurement.get("written_at") is None:
+        return set()
+    return {(e["tier"], e["url"]) for e in measurement.get("endpoints", [])}
+
+
+@contextmanager
+def second_server(stack: Stack, tier: str, folder: Path) -> Iterator[str]:
+    """``tier``'s server started again on a free loopback port (the same argv and environment:
+    the same weights, flags and key); its URL once healthy; killed on exit."""
+    original = stack.tier_process(tier)
+    argv, env = original.cmdline(), original.environ()
+    port = free_port()
+    argv[argv.index("--port") + 1] = str(port)
+    log = folder / f"{tier}-second.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        assert process.poll() is None, log.read_text(errors="replace")[-3000:]
+        try:
+            return httpx.get(f"{url}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(healthy, timeout=120)
+        yield url
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
 
 
 def test_two_replicas_route_on_the_figures_one_of_them_measured(
     llama_stack: Stack, tmp_path: Path
 ) -> None:
-    """Neither replica is handed figures: the leader measures every tier (a small
-    calibration, to keep the suite short), writes them to Redis under its fencing token, and
-    both replicas then show the same record and derive the same chains from it."""
+    """Neither replica is handed figures: the leader measures every endpoint of every tier (a
+    small calibration, to keep the suite short; the pool's second endpoint in a second run),
+    writes them to Redis under its fencing token, and both replicas then show the same record
+    and derive the same chains from it."""
     config = gateway_config(
         llama_stack,
         redis_url="redis://127.0.0.1:6379/0",
@@ -51,16 +100,35 @@ def test_two_replicas_route_on_the_figures_one_of_them_measured(
             "speed_output_len": 16,
         },
     )
-    with gateway_processes(config, tmp_path, 2) as running:
-        urls = [url for url, _ in running]
-        wait_until(lambda: all(_measured_by_gateway(url) for url in urls), 480)
-        first, second = (_routes(url) for url in urls)
+    with second_server(llama_stack, "int4", tmp_path) as extra:
+        pool = [llama_stack.tier_urls["int4"], extra]
+        tiers = [
+            TierEndpoint.model_validate(
+                {
+                    "name": "int4",
+                    "endpoints": pool,
+                    "max_model_len": 2048,
+                    "api_key": TIER_KEY,
+                    "engine": llama_stack.engine,
+                }
+            )
+            if tier.name == "int4"
+            else tier
+            for tier in config.tiers
+        ]
+        config = config.model_copy(update={"tiers": tiers})
+        every = {(n, u) for n, u in llama_stack.tier_urls.items() if n != "int4"}
+        every |= {("int4", url) for url in pool}
+        with gateway_processes(config, tmp_path, 2) as running:
+            urls = [url for url, _ in running]
+            wait_until(lambda: all(_measured_endpoints(url) == every for url in urls), 600)
+            first, second = (_routes(url) for url in urls)
     logs = [(tmp_path / f"gateway{i}.log").read_text(errors="replace") for i in range(2)]
     measured, other = first["measurement"], second["measurement"]
-    # One record, written once, by one replica: the same time, writer and token on both.
+    # One record, written by one replica: the same time, writer and token on both.
     for field in ("written_at", "replica", "token"):
         assert measured[field] == other[field], field
-    assert {e["tier"] for e in measured["endpoints"]} == set(llama_stack.tier_urls)
+    assert {(e["tier"], e["url"]) for e in measured["endpoints"]} == every
     assert sum("measuring " in log for log in logs) == 1, "exactly one replica measured"
     # Both route on it: the figures behind every class and the chains derived from them agree.
     assert first["tiers"].keys() == second["tiers"].keys() == set(llama_stack.tier_urls)
