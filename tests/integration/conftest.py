@@ -353,3 +353,51 @@ def stack(tmp_path_factory: pytest.TempPathFactory, _llama_started: Stack) -> It
 def llama_stack(_llama_started: Stack) -> Stack:
     """``up --engine llama.cpp``: llama.cpp tiers, as ``up`` serves on a CPU-only host."""
     return wait_ready(_llama_started)
+
+
+def pooled(config: GatewayConfig, tier: str, urls: list[str]) -> GatewayConfig:
+    """``config`` with ``tier`` served by the pool ``urls`` (its other settings kept)."""
+    tiers = [
+        TierEndpoint.model_validate(
+            {**t.model_dump(exclude={"base_url", "endpoints", "dns"}), "endpoints": urls}
+        )
+        if t.name == tier
+        else t
+        for t in config.tiers
+    ]
+    return config.model_copy(update={"tiers": tiers})
+
+
+@contextmanager
+def second_server(stack: Stack, tier: str, folder: Path, timeout: float = 300) -> Iterator[str]:
+    """``tier``'s server started again on a free loopback port, as a second endpoint of a pool:
+    the same argv and environment (the same weights, flags and tier key; a llama-server gets
+    its own ``--slot-save-path`` under ``folder``); its URL once healthy; killed on exit."""
+    original = stack.tier_process(tier)
+    argv, env = original.cmdline(), original.environ()
+    argv[argv.index("--port") + 1] = str(port := free_port())
+    if "--slot-save-path" in argv:
+        slots = folder / f"{tier}-second-slots"
+        slots.mkdir()
+        argv[argv.index("--slot-save-path") + 1] = str(slots)
+    log = folder / f"{tier}-second.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        assert process.poll() is None, log.read_text(errors="replace")[-3000:]
+        try:
+            return httpx.get(f"{url}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(healthy, timeout=timeout)
+        yield url
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)

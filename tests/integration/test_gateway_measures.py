@@ -6,25 +6,20 @@ on the figures it wrote."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from backends.process import free_port
-from gateway.config import TierEndpoint, hash_key
+from gateway.config import hash_key
 from tests.integration.conftest import (
-    TIER_KEY,
     Stack,
     gateway_config,
     gateway_processes,
+    pooled,
+    second_server,
     wait_until,
 )
 
@@ -46,37 +41,6 @@ def _measured_endpoints(url: str) -> set[tuple[str, str]]:
     if measurement.get("source") != "gateway" or measurement.get("written_at") is None:
         return set()
     return {(e["tier"], e["url"]) for e in measurement.get("endpoints", [])}
-
-
-@contextmanager
-def second_server(stack: Stack, tier: str, folder: Path) -> Iterator[str]:
-    """``tier``'s server started again on a free loopback port (the same argv and environment:
-    the same weights, flags and key); its URL once healthy; killed on exit."""
-    original = stack.tier_process(tier)
-    argv, env = original.cmdline(), original.environ()
-    port = free_port()
-    argv[argv.index("--port") + 1] = str(port)
-    log = folder / f"{tier}-second.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        assert process.poll() is None, log.read_text(errors="replace")[-3000:]
-        try:
-            return httpx.get(f"{url}/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(healthy, timeout=120)
-        yield url
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
 
 
 def test_two_replicas_route_on_the_figures_one_of_them_measured(
@@ -102,21 +66,7 @@ def test_two_replicas_route_on_the_figures_one_of_them_measured(
     )
     with second_server(llama_stack, "int4", tmp_path) as extra:
         pool = [llama_stack.tier_urls["int4"], extra]
-        tiers = [
-            TierEndpoint.model_validate(
-                {
-                    "name": "int4",
-                    "endpoints": pool,
-                    "max_model_len": 2048,
-                    "api_key": TIER_KEY,
-                    "engine": llama_stack.engine,
-                }
-            )
-            if tier.name == "int4"
-            else tier
-            for tier in config.tiers
-        ]
-        config = config.model_copy(update={"tiers": tiers})
+        config = pooled(config, "int4", pool)
         every = {(n, u) for n, u in llama_stack.tier_urls.items() if n != "int4"}
         every |= {("int4", url) for url in pool}
         with gateway_processes(config, tmp_path, 2) as running:

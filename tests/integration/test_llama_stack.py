@@ -6,10 +6,7 @@ looping tier escalated, supervision."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -22,8 +19,6 @@ import pytest
 import yaml
 from tokenizers import Tokenizer
 
-from backends.process import free_port
-from gateway.config import TierEndpoint
 from model_optimizer.soak import reset_now
 from tests.integration.conftest import (
     ADMIN,
@@ -34,7 +29,9 @@ from tests.integration.conftest import (
     apply_policy,
     gateway_config,
     gateway_processes,
+    pooled,
     route_chain,
+    second_server,
     start_stack,
     wait_tier_back,
     wait_until,
@@ -314,20 +311,7 @@ def test_a_llama_cpp_tier_pool_serves_from_both_replicas(
 ) -> None:
     """int4 as a pool of two llama-servers (the stack's and a replica started with its command
     line): load through the gateway reaches both."""
-    original = llama_stack.tier_process("int4")
-    argv, env = original.cmdline(), original.environ()
-    port = free_port()
-    argv[argv.index("--port") + 1] = str(port)
-    argv[argv.index("--slot-save-path") + 1] = str(tmp_path / "slots")
-    (tmp_path / "slots").mkdir()
-    log = tmp_path / "replica.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    replica = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: _healthy(replica, process, log), timeout=60)
+    with second_server(llama_stack, "int4", tmp_path, timeout=60) as replica:
         policy = yaml.safe_load(llama_stack.policy.read_text())
         policy["pinning"]["allow"] = True
         policy["resets"]["enabled"] = False
@@ -340,21 +324,7 @@ def test_a_llama_cpp_tier_pool_serves_from_both_replicas(
             metrics_interval=0.5,
         )
         pool = [llama_stack.tier_urls["int4"], replica]
-        tiers = [
-            TierEndpoint.model_validate(
-                {
-                    "name": "int4",
-                    "endpoints": pool,
-                    "max_model_len": 2048,
-                    "api_key": TIER_KEY,
-                    "engine": "llama.cpp",
-                }
-            )
-            if tier.name == "int4"
-            else tier
-            for tier in config.tiers
-        ]
-        config = config.model_copy(update={"tiers": tiers})
+        config = pooled(config, "int4", pool)
         before = {url: _predicted(url) for url in pool}
         with gateway_processes(config, tmp_path, 1) as [(url, _)]:
             body = {"model": MODEL, "messages": QUESTION, "max_tokens": 24, "ignore_eos": True}
@@ -374,15 +344,3 @@ def test_a_llama_cpp_tier_pool_serves_from_both_replicas(
         assert len({endpoint for _, endpoint in results}) == 2, results
         served = {u: _predicted(u) - before[u] for u in pool}
         assert all(tokens >= 24 for tokens in served.values()), served
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
-
-
-def _healthy(url: str, process: subprocess.Popen[bytes], log: Path) -> bool:
-    assert process.poll() is None, log.read_text(errors="replace")[-2000:]
-    try:
-        return httpx.get(f"{url}/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 import time
 import uuid
@@ -26,7 +25,6 @@ import pytest
 import yaml
 
 from backends.metrics import TierMetrics
-from backends.process import free_port
 from gateway.config import TierEndpoint, hash_key
 from gateway.request.route.endpoint_choice import endpoint_id
 from measure.conversations import (
@@ -48,7 +46,7 @@ from tests.integration.conftest import (
     Stack,
     gateway_config,
     gateway_processes,
-    wait_until,
+    second_server,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -79,31 +77,9 @@ def _served(url: str) -> float:
 
 @pytest.fixture(scope="module")
 def replica(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    original = stack.tier_process("int4")
-    argv, env = original.cmdline(), original.environ()
-    port = free_port()
-    argv[argv.index("--port") + 1] = str(port)
-    log = tmp_path_factory.mktemp("replica") / "int4-replica.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        assert process.poll() is None, log.read_text(errors="replace")[-3000:]
-        try:
-            return httpx.get(f"{url}/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(healthy, timeout=300)  # the replica loads the model, as the stack's did
+    folder = tmp_path_factory.mktemp("replica")
+    with second_server(stack, "int4", folder) as url:  # it loads the model, as the stack's did
         yield url
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
