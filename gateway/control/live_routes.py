@@ -123,11 +123,11 @@ def relative_to_host(found: Mapping[str, LiveFactor]) -> tuple[dict[str, LiveFac
     the median of their factors is the host's, and each recent factor is taken relative to it
     (a tier is slow only against the others under the same load). Held factors, from older
     answers, stay as they are. Returns the factors and the host's (1: fewer than two)."""
-    recent = sorted(f.factor for f in found.values() if f.recent)
-    if len(recent) < 2:
+    recent = [f.factor for f in found.values() if f.recent]
+    stat = median_stat(recent) if len(recent) >= 2 else None
+    if stat is None:
         return dict(found), 1.0
-    mid = len(recent) // 2
-    host = recent[mid] if len(recent) % 2 else (recent[mid - 1] + recent[mid]) / 2
+    host = stat.median
     out = {
         name: dataclasses.replace(f, factor=f.factor / host) if f.recent else f
         for name, f in found.items()
